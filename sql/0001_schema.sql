@@ -1,0 +1,55 @@
+-- One row per operation: (tenant, scope, idempotency_key).
+--
+-- Lifecycle (docs/state_machine.md draws it):
+--   (none) --Acquire--> PROCESSING --Complete success--> SUCCEEDED
+--                       PROCESSING --Complete failure--> FAILED | FAILED_PERMANENT
+--                       PROCESSING --Complete release--> FAILED (due now, attempt not counted)
+--                       FAILED --Acquire when due--> PROCESSING (attempt + 1)
+--                       PROCESSING, lease run out --Acquire--> PROCESSING (attempt + 1)
+--                       attempts used up --Acquire--> FAILED_PERMANENT
+-- A row past expires_at counts as absent: it is replaced on the next Acquire
+-- and hidden from every read.
+CREATE TABLE idempotency_keys (
+    tenant              text        NOT NULL,
+    scope               text        NOT NULL,
+    idempotency_key     text        NOT NULL,
+    status              text        NOT NULL
+        CHECK (status IN ('PROCESSING', 'SUCCEEDED', 'FAILED', 'FAILED_PERMANENT')),
+    -- Fixed at creation; '' when the creator sent none.
+    fingerprint         text        NOT NULL,
+    -- Leases granted so far, less released ones.
+    attempt_count       integer     NOT NULL,
+    -- Fixed at creation.
+    max_attempts        integer     NOT NULL,
+    -- Fixed at creation: how long the record outlives its last change.
+    retention           interval    NOT NULL,
+    -- The latest lease. Kept after the lease ends so that a repeated
+    -- Complete with the same token is recognised.
+    lease_token         uuid        NOT NULL,
+    -- The caller's request_id that the latest lease was granted to ('' none).
+    lease_request_id    text        NOT NULL,
+    -- Set while PROCESSING.
+    lease_expires_at    timestamptz,
+    -- How the latest lease's holder completed it: 'SUCCESS', 'FAILURE' or
+    -- 'RELEASE'; NULL while it has not (even if the lease ran out, so that a
+    -- late Complete is honoured as long as nobody has taken over).
+    lease_outcome       text
+        CHECK (lease_outcome IN ('SUCCESS', 'FAILURE', 'RELEASE')),
+    -- Grows with every lease ever granted on the row.
+    fencing_token       bigint      NOT NULL,
+    -- Set while FAILED.
+    next_retry_at       timestamptz,
+    last_error          text        NOT NULL DEFAULT '',
+    last_error_at       timestamptz,
+    -- Set when SUCCEEDED.
+    result              bytea,
+    result_content_type text        NOT NULL DEFAULT '',
+    result_status_code  integer     NOT NULL DEFAULT 0,
+    result_ref          text        NOT NULL DEFAULT '',
+    checkpoint          bytea       NOT NULL DEFAULT '',
+    created_at          timestamptz NOT NULL,
+    updated_at          timestamptz NOT NULL,
+    completed_at        timestamptz,
+    expires_at          timestamptz NOT NULL,
+    PRIMARY KEY (tenant, scope, idempotency_key)
+);

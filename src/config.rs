@@ -1,0 +1,233 @@
+//! Flags, each with an environment fallback, and the defaults in one place:
+//! request defaults and limits come from `Policy::default()`, the rest from
+//! the constants below.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::domain::{Backoff, Policy};
+use crate::store::StoreConfig;
+
+/// Connections the pool keeps open at most.
+pub const DEFAULT_POOL_SIZE: usize = 16;
+/// How long a call waits for a database connection before UNAVAILABLE.
+pub const DEFAULT_CONNECT_WAIT: Duration = Duration::from_secs(1);
+/// How often readiness asks the database whether it answers.
+pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+
+fn hd(d: Duration) -> humantime::Duration {
+    d.into()
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "idempotency-coordinator",
+    version,
+    about = "Runs each side-effecting operation exactly once: a gRPC coordinator over PostgreSQL."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+
+    /// Log format: human-readable text, or one JSON object per line.
+    #[arg(long, env = "IDEMPOTENCY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the Coordinator, health and reflection services (applies pending
+    /// migrations first).
+    Serve(Box<ServeArgs>),
+    /// Apply pending database migrations, then exit.
+    Migrate(DatabaseArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DatabaseArgs {
+    /// PostgreSQL connection URL, e.g. postgres://user@host:5432/db.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address to listen on for gRPC (port 0 picks a free port).
+    #[arg(long, env = "IDEMPOTENCY_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+
+    /// Database connections kept open at most by this replica.
+    #[arg(long, env = "IDEMPOTENCY_POOL_SIZE", default_value_t = DEFAULT_POOL_SIZE)]
+    pub pool_size: usize,
+
+    /// How long a call waits for a database connection before it answers
+    /// UNAVAILABLE (never longer than the call's own deadline).
+    #[arg(long, env = "IDEMPOTENCY_CONNECT_WAIT", default_value_t = hd(DEFAULT_CONNECT_WAIT))]
+    pub connect_wait: humantime::Duration,
+
+    /// Do not apply pending migrations at start (run `migrate` separately).
+    #[arg(long, env = "IDEMPOTENCY_SKIP_MIGRATIONS")]
+    pub skip_migrations: bool,
+
+    /// Lease length for an Acquire that leaves lease_ttl unset.
+    #[arg(long, env = "IDEMPOTENCY_DEFAULT_LEASE_TTL", default_value_t = hd(Policy::default().default_lease_ttl))]
+    pub default_lease_ttl: humantime::Duration,
+
+    /// The longest lease an Acquire may ask for, and how far ExtendLease may
+    /// push a lease from now.
+    #[arg(long, env = "IDEMPOTENCY_MAX_LEASE_TTL", default_value_t = hd(Policy::default().max_lease_ttl))]
+    pub max_lease_ttl: humantime::Duration,
+
+    /// Attempts allowed for a record whose Acquire leaves max_attempts at 0.
+    #[arg(long, env = "IDEMPOTENCY_DEFAULT_MAX_ATTEMPTS", default_value_t = Policy::default().default_max_attempts)]
+    pub default_max_attempts: u32,
+
+    /// The most attempts an Acquire may ask for.
+    #[arg(long, env = "IDEMPOTENCY_MAX_ATTEMPTS_LIMIT", default_value_t = Policy::default().max_max_attempts)]
+    pub max_attempts_limit: u32,
+
+    /// How long a record is kept after its last change when the Acquire that
+    /// created it leaves retention unset.
+    #[arg(long, env = "IDEMPOTENCY_DEFAULT_RETENTION", default_value_t = hd(Policy::default().default_retention))]
+    pub default_retention: humantime::Duration,
+
+    /// The longest retention an Acquire may ask for.
+    #[arg(long, env = "IDEMPOTENCY_MAX_RETENTION", default_value_t = hd(Policy::default().max_retention))]
+    pub max_retention: humantime::Duration,
+
+    /// Retry delay after a first failed attempt; doubles with each attempt.
+    #[arg(long, env = "IDEMPOTENCY_BACKOFF_BASE", default_value_t = hd(Policy::default().backoff.base))]
+    pub backoff_base: humantime::Duration,
+
+    /// The longest retry delay the backoff reaches.
+    #[arg(long, env = "IDEMPOTENCY_BACKOFF_CAP", default_value_t = hd(Policy::default().backoff.cap))]
+    pub backoff_cap: humantime::Duration,
+
+    /// The largest result a Complete may store, in bytes.
+    #[arg(long, env = "IDEMPOTENCY_MAX_RESULT_BYTES", default_value_t = Policy::default().max_result_bytes)]
+    pub max_result_bytes: usize,
+
+    /// The longest an Acquire may wait for a holder (longer waits are cut).
+    #[arg(long, env = "IDEMPOTENCY_MAX_WAIT", default_value_t = hd(Policy::default().max_wait))]
+    pub max_wait: humantime::Duration,
+
+    /// On SIGTERM/SIGINT, how long to keep serving after readiness turns
+    /// NOT_SERVING, so load balancers stop sending new calls first.
+    #[arg(long, env = "IDEMPOTENCY_SHUTDOWN_DELAY", default_value_t = hd(Duration::ZERO))]
+    pub shutdown_delay: humantime::Duration,
+}
+
+/// Everything `serve` needs, resolved.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub listen: SocketAddr,
+    pub store: StoreConfig,
+    pub policy: Policy,
+    pub run_migrations: bool,
+    pub shutdown_delay: Duration,
+    pub health_interval: Duration,
+}
+
+impl ServeConfig {
+    /// The defaults, for `listen` and `database_url`.
+    pub fn new(listen: SocketAddr, database_url: impl Into<String>) -> Self {
+        ServeConfig {
+            listen,
+            store: StoreConfig {
+                database_url: database_url.into(),
+                pool_size: DEFAULT_POOL_SIZE,
+                connect_wait: DEFAULT_CONNECT_WAIT,
+            },
+            policy: Policy::default(),
+            run_migrations: true,
+            shutdown_delay: Duration::ZERO,
+            health_interval: DEFAULT_HEALTH_INTERVAL,
+        }
+    }
+}
+
+impl From<ServeArgs> for ServeConfig {
+    fn from(a: ServeArgs) -> Self {
+        let defaults = Policy::default();
+        ServeConfig {
+            listen: a.listen,
+            store: StoreConfig {
+                database_url: a.database.database_url,
+                pool_size: a.pool_size,
+                connect_wait: a.connect_wait.into(),
+            },
+            policy: Policy {
+                default_lease_ttl: a.default_lease_ttl.into(),
+                max_lease_ttl: a.max_lease_ttl.into(),
+                default_max_attempts: a.default_max_attempts,
+                max_max_attempts: a.max_attempts_limit,
+                default_retention: a.default_retention.into(),
+                max_retention: a.max_retention.into(),
+                backoff: Backoff {
+                    base: a.backoff_base.into(),
+                    cap: a.backoff_cap.into(),
+                },
+                max_result_bytes: a.max_result_bytes,
+                max_wait: a.max_wait.into(),
+                ..defaults
+            },
+            run_migrations: !a.skip_migrations,
+            shutdown_delay: a.shutdown_delay.into(),
+            health_interval: DEFAULT_HEALTH_INTERVAL,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flags_default_to_the_contract() {
+        let cli = Cli::try_parse_from([
+            "idempotency-coordinator",
+            "serve",
+            "--database-url",
+            "postgres://x@y/z",
+        ])
+        .unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!("serve expected")
+        };
+        let config = ServeConfig::from(*args);
+        assert_eq!(config.policy, Policy::default());
+        assert_eq!(config.listen, "127.0.0.1:50051".parse().unwrap());
+    }
+
+    #[test]
+    fn durations_read_as_human_text() {
+        let cli = Cli::try_parse_from([
+            "idempotency-coordinator",
+            "serve",
+            "--database-url",
+            "postgres://x@y/z",
+            "--default-lease-ttl",
+            "90s",
+            "--backoff-cap",
+            "10m",
+        ])
+        .unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!("serve expected")
+        };
+        let config = ServeConfig::from(*args);
+        assert_eq!(config.policy.default_lease_ttl, Duration::from_secs(90));
+        assert_eq!(config.policy.backoff.cap, Duration::from_secs(600));
+    }
+}

@@ -1,0 +1,315 @@
+//! Request fields, validated once at the edge into types; code past the edge
+//! never checks them again.
+
+use std::fmt;
+
+use sha2::{Digest, Sha256};
+
+/// Why a field was refused, in words meant for the caller.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidInput(pub String);
+
+fn refuse<T>(why: impl Into<String>) -> Result<T, InvalidInput> {
+    Err(InvalidInput(why.into()))
+}
+
+fn is_visible_ascii(c: char) -> bool {
+    ('\x21'..='\x7e').contains(&c)
+}
+
+/// The owner of a record: the authenticated caller. Never read from a
+/// request field, so no request can name another tenant's records.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Tenant(String);
+
+impl Tenant {
+    /// The one tenant every caller belongs to while authentication is off.
+    pub fn default_tenant() -> Self {
+        Tenant("default".to_owned())
+    }
+
+    pub fn new(name: impl Into<String>) -> Self {
+        Tenant(name.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The operation: 1 to 128 characters of `[A-Za-z0-9._:/-]`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Scope(String);
+
+impl Scope {
+    pub const MAX_CHARS: usize = 128;
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for Scope {
+    type Error = InvalidInput;
+
+    fn try_from(value: String) -> Result<Self, InvalidInput> {
+        if value.is_empty() {
+            return refuse("must not be empty");
+        }
+        if value.len() > Self::MAX_CHARS {
+            return refuse(format!(
+                "must be at most {} characters, got {}",
+                Self::MAX_CHARS,
+                value.chars().count()
+            ));
+        }
+        if let Some(bad) = value
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || "._:/-".contains(*c)))
+        {
+            return refuse(format!(
+                "may only contain A-Z, a-z, 0-9 and . _ : / -, found {bad:?}"
+            ));
+        }
+        Ok(Scope(value))
+    }
+}
+
+/// The idempotency key: 1 to 255 visible ASCII characters (0x21 to 0x7E).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Key(String);
+
+impl Key {
+    pub const MAX_CHARS: usize = 255;
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for Key {
+    type Error = InvalidInput;
+
+    fn try_from(value: String) -> Result<Self, InvalidInput> {
+        if value.is_empty() {
+            return refuse("must not be empty");
+        }
+        visible_ascii(&value, Self::MAX_CHARS)?;
+        Ok(Key(value))
+    }
+}
+
+/// Checks that `value` is at most `max` visible ASCII characters.
+fn visible_ascii(value: &str, max: usize) -> Result<(), InvalidInput> {
+    if let Some(bad) = value.chars().find(|c| !is_visible_ascii(*c)) {
+        return refuse(format!(
+            "may only contain visible ASCII characters (0x21 to 0x7E), found {bad:?}"
+        ));
+    }
+    if value.len() > max {
+        return refuse(format!(
+            "must be at most {max} characters, got {}",
+            value.len()
+        ));
+    }
+    Ok(())
+}
+
+/// What the request is about. Empty means "none given".
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Fingerprint(String);
+
+impl Fingerprint {
+    pub const MAX_CHARS: usize = 128;
+
+    /// A fingerprint the client computed: at most 128 visible ASCII
+    /// characters.
+    pub fn from_client(value: String) -> Result<Self, InvalidInput> {
+        visible_ascii(&value, Self::MAX_CHARS)?;
+        Ok(Fingerprint(value))
+    }
+
+    /// The SHA-256 of the raw request, as lowercase hex.
+    pub fn of_payload(payload: &[u8]) -> Self {
+        Fingerprint(hex::encode(Sha256::digest(payload)))
+    }
+
+    /// The SHA-256 of the request's canonical JSON: object keys sorted, no
+    /// insignificant white space, arrays in order. Numbers are kept as
+    /// written (the JSON parser runs with arbitrary precision), so two
+    /// different large numbers can never canonicalise to the same text.
+    pub fn of_json(text: &str) -> Result<Self, InvalidInput> {
+        let value: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| InvalidInput(format!("is not valid JSON: {e}")))?;
+        // serde_json's map is ordered by key unless its `preserve_order`
+        // feature is on, which this crate never enables.
+        let canonical = serde_json::to_string(&value)
+            .map_err(|e| InvalidInput(format!("cannot be canonicalised: {e}")))?;
+        Ok(Self::of_payload(canonical.as_bytes()))
+    }
+
+    /// Rebuilds a fingerprint read back from storage.
+    pub fn stored(value: String) -> Self {
+        Fingerprint(value)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The caller's id for one logical attempt; empty means none.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RequestId(String);
+
+impl RequestId {
+    pub const MAX_CHARS: usize = 128;
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for RequestId {
+    type Error = InvalidInput;
+
+    fn try_from(value: String) -> Result<Self, InvalidInput> {
+        visible_ascii(&value, Self::MAX_CHARS)?;
+        Ok(RequestId(value))
+    }
+}
+
+/// A lease's token: 122 random bits drawn by the database, shown to callers
+/// as the usual hyphenated hex form.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeaseToken(uuid::Uuid);
+
+impl LeaseToken {
+    pub fn from_uuid(uuid: uuid::Uuid) -> Self {
+        LeaseToken(uuid)
+    }
+
+    pub fn as_uuid(&self) -> uuid::Uuid {
+        self.0
+    }
+}
+
+impl TryFrom<String> for LeaseToken {
+    type Error = InvalidInput;
+
+    fn try_from(value: String) -> Result<Self, InvalidInput> {
+        if value.is_empty() {
+            return refuse("must not be empty: pass the lease.token that Acquire returned");
+        }
+        uuid::Uuid::try_parse(&value)
+            .map(LeaseToken)
+            .map_err(|_| InvalidInput("is not a lease token issued by this service".to_owned()))
+    }
+}
+
+impl fmt::Display for LeaseToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.hyphenated().fmt(f)
+    }
+}
+
+/// Tokens are secrets: never printed in logs or errors.
+impl fmt::Debug for LeaseToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("LeaseToken(..)")
+    }
+}
+
+/// How many characters of a failure's error text are kept.
+pub const MAX_ERROR_CHARS: usize = 4000;
+
+/// A failure's error text, cut to [`MAX_ERROR_CHARS`] characters (never in
+/// the middle of a character).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ErrorText(String);
+
+impl ErrorText {
+    pub fn new(mut text: String) -> Self {
+        if let Some((cut, _)) = text.char_indices().nth(MAX_ERROR_CHARS) {
+            text.truncate(cut);
+        }
+        ErrorText(text)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scope_allows_its_punctuation_and_refuses_the_rest() {
+        assert!(Scope::try_from("payments.charge:v2/eu-1_a".to_owned()).is_ok());
+        assert!(Scope::try_from("a*b".to_owned()).is_err());
+        assert!(Scope::try_from(String::new()).is_err());
+        assert!(Scope::try_from("s".repeat(128)).is_ok());
+        assert!(Scope::try_from("s".repeat(129)).is_err());
+        assert!(Scope::try_from("é".to_owned()).is_err());
+    }
+
+    #[test]
+    fn a_key_is_visible_ascii_up_to_255_characters() {
+        assert!(Key::try_from("k".repeat(255)).is_ok());
+        assert!(Key::try_from("k".repeat(256)).is_err());
+        assert!(Key::try_from("a b".to_owned()).is_err());
+        assert!(Key::try_from("a\nb".to_owned()).is_err());
+        assert!(Key::try_from("ключ".to_owned()).is_err());
+        assert!(Key::try_from("~!{}".to_owned()).is_ok());
+    }
+
+    #[test]
+    fn json_fingerprints_ignore_key_order_and_white_space_but_not_array_order() {
+        let a = Fingerprint::of_json(r#"{"a":1,"b":2}"#).unwrap();
+        let b = Fingerprint::of_json("{ \"b\": 2,\n \"a\": 1 }").unwrap();
+        assert_eq!(a, b);
+        let nested_a = Fingerprint::of_json(r#"{"x":{"b":[1,2],"a":null}}"#).unwrap();
+        let nested_b = Fingerprint::of_json(r#"{"x":{"a":null,"b":[1,2]}}"#).unwrap();
+        assert_eq!(nested_a, nested_b);
+        let swapped = Fingerprint::of_json(r#"{"x":{"a":null,"b":[2,1]}}"#).unwrap();
+        assert_ne!(nested_a, swapped);
+    }
+
+    #[test]
+    fn json_fingerprints_keep_large_numbers_apart() {
+        let a = Fingerprint::of_json("12345678901234567890123").unwrap();
+        let b = Fingerprint::of_json("12345678901234567890124").unwrap();
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn invalid_json_is_refused_with_a_reason() {
+        let err = Fingerprint::of_json("{\"a\":").unwrap_err();
+        assert!(err.0.contains("not valid JSON"), "{err}");
+    }
+
+    #[test]
+    fn payload_fingerprints_are_sha256_hex() {
+        assert_eq!(
+            Fingerprint::of_payload(b"abc").as_str(),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn error_text_is_cut_at_a_character_boundary() {
+        let long = "é".repeat(MAX_ERROR_CHARS + 10);
+        let cut = ErrorText::new(long);
+        assert_eq!(cut.as_str().chars().count(), MAX_ERROR_CHARS);
+        assert_eq!(ErrorText::new("short".into()).as_str(), "short");
+    }
+
+    #[test]
+    fn lease_tokens_never_show_in_debug_output() {
+        let token = LeaseToken::from_uuid(uuid::Uuid::from_u128(7));
+        assert!(!format!("{token:?}").contains('7'));
+    }
+}

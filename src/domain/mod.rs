@@ -1,0 +1,17 @@
+//! The coordinator's vocabulary: validated inputs, the policy that bounds
+//! them, and the records and decisions the store hands back. No I/O here and
+//! nothing of gRPC or PostgreSQL, so the rules can be tested on their own.
+
+mod input;
+mod policy;
+mod record;
+
+pub use input::{
+    ErrorText, Fingerprint, InvalidInput, Key, LeaseToken, MAX_ERROR_CHARS, RequestId, Scope,
+    Tenant,
+};
+pub use policy::{Backoff, Policy};
+pub use record::{
+    AcquireCommand, Acquired, CompleteCommand, Decision, ExtendCommand, Lease, Outcome, Record,
+    RecordId, Refusal, Status, StoredResult,
+};

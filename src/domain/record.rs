@@ -1,0 +1,208 @@
+//! Records, leases and decisions: what the store reads back and the service
+//! encodes, and the commands that carry validated requests to the store.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::{ErrorText, Fingerprint, Key, LeaseToken, RequestId, Scope, Tenant};
+
+/// Where a record lives: the tenant comes from the caller's credential, the
+/// rest from the request.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RecordId {
+    pub tenant: Tenant,
+    pub scope: Scope,
+    pub key: Key,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Processing,
+    Succeeded,
+    Failed,
+    FailedPermanent,
+}
+
+impl Status {
+    /// The name stored in the `status` column.
+    pub fn from_stored(name: &str) -> Option<Status> {
+        Some(match name {
+            "PROCESSING" => Status::Processing,
+            "SUCCEEDED" => Status::Succeeded,
+            "FAILED" => Status::Failed,
+            "FAILED_PERMANENT" => Status::FailedPermanent,
+            _ => return None,
+        })
+    }
+}
+
+/// A successful outcome as stored and replayed.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StoredResult {
+    pub result: Vec<u8>,
+    pub content_type: String,
+    pub status_code: i32,
+    pub result_ref: String,
+}
+
+/// One operation's state, as the database holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    pub scope: String,
+    pub key: String,
+    pub status: Status,
+    pub fingerprint: Fingerprint,
+    pub attempt_count: u32,
+    pub max_attempts: u32,
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    pub next_retry_at: Option<DateTime<Utc>>,
+    pub last_error: String,
+    pub last_error_at: Option<DateTime<Utc>>,
+    /// Set when SUCCEEDED.
+    pub result: Option<StoredResult>,
+    pub checkpoint: Vec<u8>,
+    pub fencing_token: u64,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub completed_at: Option<DateTime<Utc>>,
+    pub expires_at: DateTime<Utc>,
+    /// The latest lease; handed out only with a PROCEED decision.
+    pub lease: Lease,
+}
+
+/// The right to do the work and report it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub token: LeaseToken,
+    /// Which attempt, from 1.
+    pub attempt: u32,
+    /// `None` once the lease has ended (the record left PROCESSING).
+    pub expires_at: Option<DateTime<Utc>>,
+    pub fencing_token: u64,
+}
+
+/// What an Acquire caller must do (API.md's table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Proceed,
+    AlreadyDone,
+    InProgress,
+    RetryLater,
+    Conflict,
+    Exhausted,
+}
+
+impl Decision {
+    /// The name `idempotency_acquire` returns.
+    pub fn from_stored(name: &str) -> Option<Decision> {
+        Some(match name {
+            "PROCEED" => Decision::Proceed,
+            "ALREADY_DONE" => Decision::AlreadyDone,
+            "IN_PROGRESS" => Decision::InProgress,
+            "RETRY_LATER" => Decision::RetryLater,
+            "CONFLICT" => Decision::Conflict,
+            "EXHAUSTED" => Decision::Exhausted,
+            _ => return None,
+        })
+    }
+}
+
+/// An Acquire's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Acquired {
+    pub decision: Decision,
+    pub record: Record,
+    /// Set on IN_PROGRESS and RETRY_LATER.
+    pub retry_after: Option<Duration>,
+}
+
+impl Acquired {
+    /// The lease, for the caller that may proceed.
+    pub fn lease(&self) -> Option<&Lease> {
+        (self.decision == Decision::Proceed).then_some(&self.record.lease)
+    }
+}
+
+/// Calls that cannot be answered with a record, for reasons the caller must
+/// act on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("no record for this scope and key (it may have expired)")]
+    NotFound,
+    #[error(
+        "the lease token is not the record's current one: the lease was lost to another caller; call Acquire again"
+    )]
+    LeaseLost,
+    #[error("the lease has already run out and cannot be extended; call Acquire again")]
+    LeaseExpired,
+    #[error(
+        "the lease's holder already completed it with another outcome; the stored outcome stands"
+    )]
+    AlreadyCompleted,
+}
+
+impl Refusal {
+    /// The outcome names the SQL functions return for refusals; `OK` is none.
+    pub fn from_stored(name: &str) -> Option<Option<Refusal>> {
+        Some(match name {
+            "OK" => None,
+            "NOT_FOUND" => Some(Refusal::NotFound),
+            "LEASE_LOST" => Some(Refusal::LeaseLost),
+            "LEASE_EXPIRED" => Some(Refusal::LeaseExpired),
+            "ALREADY_COMPLETED" => Some(Refusal::AlreadyCompleted),
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct AcquireCommand {
+    pub id: RecordId,
+    pub fingerprint: Fingerprint,
+    pub request_id: RequestId,
+    pub lease_ttl: Duration,
+    pub max_attempts: u32,
+    pub retention: Duration,
+    pub wait: Duration,
+}
+
+/// How the holder's work ended.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Success(StoredResult),
+    Failure {
+        error: ErrorText,
+        permanent: bool,
+        /// Overrides the backoff when set.
+        retry_after: Option<Duration>,
+    },
+    Release,
+}
+
+impl Outcome {
+    /// The name the `idempotency_complete` function takes.
+    pub fn stored_name(&self) -> &'static str {
+        match self {
+            Outcome::Success(_) => "SUCCESS",
+            Outcome::Failure { .. } => "FAILURE",
+            Outcome::Release => "RELEASE",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct CompleteCommand {
+    pub id: RecordId,
+    pub token: LeaseToken,
+    pub outcome: Outcome,
+}
+
+#[derive(Debug, Clone)]
+pub struct ExtendCommand {
+    pub id: RecordId,
+    pub token: LeaseToken,
+    pub extend_by: Duration,
+    /// `None` keeps the stored checkpoint.
+    pub checkpoint: Option<Vec<u8>>,
+}

@@ -1,0 +1,171 @@
+//! The generated `Coordinator` trait implemented: decode the request into a
+//! validated command, ask the store, encode the answer. Decisions are data
+//! (`Decision`); only calls that cannot be answered become a `Status`, through
+//! `crate::error`.
+
+mod decode;
+mod encode;
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_stream::Stream;
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status};
+
+use crate::domain::{Policy, Tenant};
+use crate::error::Error;
+use crate::proto;
+use crate::proto::coordinator_server::Coordinator;
+use crate::store::Store;
+
+/// The Coordinator service, one per server; cheap to share.
+#[derive(Clone)]
+pub struct CoordinatorService {
+    /// Where every decision is made.
+    store: Store,
+    /// Defaults and limits for requests.
+    policy: Arc<Policy>,
+}
+
+impl CoordinatorService {
+    pub fn new(store: Store, policy: Arc<Policy>) -> Self {
+        CoordinatorService { store, policy }
+    }
+}
+
+/// The caller's tenant. Authentication is not in this server yet, so every
+/// caller is the default tenant.
+fn tenant<T>(_request: &Request<T>) -> Tenant {
+    Tenant::default_tenant()
+}
+
+/// How long the caller is prepared to wait, from its `grpc-timeout` header
+/// (`<digits><unit>` as the gRPC HTTP/2 protocol defines it). Bounds the wait
+/// for a database connection, so a caller with a short deadline gets
+/// UNAVAILABLE in time rather than DEADLINE_EXCEEDED.
+fn call_budget(metadata: &MetadataMap) -> Option<Duration> {
+    let value = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount.saturating_mul(3600)),
+        "M" => Duration::from_secs(amount.saturating_mul(60)),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
+type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Coordinator for CoordinatorService {
+    async fn acquire(
+        &self,
+        request: Request<proto::AcquireRequest>,
+    ) -> Result<Response<proto::AcquireResponse>, Status> {
+        let budget = call_budget(request.metadata());
+        let cmd = decode::acquire(tenant(&request), request.into_inner(), &self.policy)?;
+        let acquired = self
+            .store
+            .acquire(&cmd, budget)
+            .await
+            .map_err(Error::from)?;
+        tracing::debug!(scope = cmd.id.scope.as_str(), decision = ?acquired.decision, "acquire");
+        Ok(Response::new(encode::acquired(acquired)))
+    }
+
+    async fn complete(
+        &self,
+        request: Request<proto::CompleteRequest>,
+    ) -> Result<Response<proto::CompleteResponse>, Status> {
+        let budget = call_budget(request.metadata());
+        let cmd = decode::complete(tenant(&request), request.into_inner(), &self.policy)?;
+        let record = self
+            .store
+            .complete(&cmd, self.policy.backoff, budget)
+            .await
+            .map_err(Error::from)?;
+        Ok(Response::new(proto::CompleteResponse {
+            record: Some(encode::record(record)),
+        }))
+    }
+
+    async fn extend_lease(
+        &self,
+        request: Request<proto::ExtendLeaseRequest>,
+    ) -> Result<Response<proto::ExtendLeaseResponse>, Status> {
+        let budget = call_budget(request.metadata());
+        let cmd = decode::extend_lease(tenant(&request), request.into_inner(), &self.policy)?;
+        let lease = self
+            .store
+            .extend_lease(&cmd, self.policy.max_lease_ttl, budget)
+            .await
+            .map_err(Error::from)?;
+        Ok(Response::new(proto::ExtendLeaseResponse {
+            lease: Some(encode::lease(&lease)),
+        }))
+    }
+
+    async fn get(
+        &self,
+        request: Request<proto::GetRequest>,
+    ) -> Result<Response<proto::GetResponse>, Status> {
+        let budget = call_budget(request.metadata());
+        let id = decode::get(tenant(&request), request.into_inner())?;
+        let record = self.store.get(&id, budget).await.map_err(Error::from)?;
+        Ok(Response::new(proto::GetResponse {
+            record: Some(encode::record(record)),
+        }))
+    }
+
+    type WatchStream = EventStream<proto::WatchEvent>;
+
+    async fn watch(
+        &self,
+        _request: Request<proto::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        Err(Error::Unimplemented("Watch").into())
+    }
+
+    type WatchDueStream = EventStream<proto::DueRecord>;
+
+    async fn watch_due(
+        &self,
+        _request: Request<proto::WatchDueRequest>,
+    ) -> Result<Response<Self::WatchDueStream>, Status> {
+        Err(Error::Unimplemented("WatchDue").into())
+    }
+
+    async fn sweep(
+        &self,
+        _request: Request<proto::SweepRequest>,
+    ) -> Result<Response<proto::SweepResponse>, Status> {
+        Err(Error::Unimplemented("Sweep").into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_are_read_in_every_unit() {
+        let mut m = MetadataMap::new();
+        for (value, expected) in [
+            ("2S", Duration::from_secs(2)),
+            ("150m", Duration::from_millis(150)),
+            ("1H", Duration::from_secs(3600)),
+            ("5u", Duration::from_micros(5)),
+        ] {
+            m.insert("grpc-timeout", value.parse().unwrap());
+            assert_eq!(call_budget(&m), Some(expected), "{value}");
+        }
+        m.insert("grpc-timeout", "x".parse().unwrap());
+        assert_eq!(call_budget(&m), None);
+    }
+}

@@ -1,0 +1,171 @@
+//! Builds the server exactly as production runs it: tests boot this same
+//! `Application` on port 0 against their own database.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+use tonic_health::ServingStatus;
+
+use crate::config::ServeConfig;
+use crate::error::cause_chain;
+use crate::proto::{self, coordinator_server::CoordinatorServer};
+use crate::readiness;
+use crate::service::CoordinatorService;
+use crate::store::{self, Clock, Store, StoreError, migrate};
+
+/// Room for the rest of a Complete request around the largest result.
+const REQUEST_OVERHEAD_BYTES: usize = 64 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("cannot reach the database to migrate it")]
+    Database(#[source] StoreError),
+    #[error("cannot migrate the database")]
+    Migrate(#[from] migrate::MigrateError),
+    #[error("cannot listen on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot build the reflection service")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("the gRPC server failed")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// Applies pending migrations over one connection of `store`.
+pub async fn run_migrations(store: &Store) -> Result<Vec<i32>, StartupError> {
+    let mut client = store
+        .connection(None)
+        .await
+        .map_err(StartupError::Database)?;
+    let applied = migrate::migrate(&mut client).await?;
+    if applied.is_empty() {
+        tracing::info!("database schema is current");
+    } else {
+        tracing::info!(?applied, "applied migrations");
+    }
+    Ok(applied)
+}
+
+/// A server that is bound and migrated, ready to run.
+pub struct Application {
+    /// Bound before `run_until`, so the port is known (and taken) at once.
+    listener: TcpListener,
+    /// The store every service call goes through.
+    store: Store,
+    /// What the server was built from.
+    config: ServeConfig,
+}
+
+impl Application {
+    pub async fn build(config: ServeConfig) -> Result<Self, StartupError> {
+        config.policy.check().map_err(StartupError::Config)?;
+        let store = Store::new(&config.store, Clock::default()).map_err(StartupError::Database)?;
+        if config.run_migrations {
+            run_migrations(&store).await?;
+        }
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| StartupError::Bind {
+                    addr: config.listen,
+                    source,
+                })?;
+        Ok(Application {
+            listener,
+            store,
+            config,
+        })
+    }
+
+    /// The address actually bound (the real port when asked for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound TCP listener has a local address")
+    }
+
+    /// The server's clock offset, which tests advance instead of sleeping.
+    pub fn clock(&self) -> Clock {
+        self.store.clock().clone()
+    }
+
+    /// Serves until `shutdown` resolves; then readiness and liveness turn
+    /// NOT_SERVING, new connections are refused after the configured delay,
+    /// and calls in flight finish.
+    pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> Result<(), StartupError> {
+        let Application {
+            listener,
+            store,
+            config,
+        } = self;
+        let addr = listener.local_addr().map_err(|source| StartupError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+
+        let (reporter, health) = tonic_health::server::health_reporter();
+        // Not ready until the first database check passes.
+        reporter
+            .set_not_serving::<CoordinatorServer<CoordinatorService>>()
+            .await;
+        let pg = store::pg_config(&config.store.database_url)
+            .map_err(|e| StartupError::Config(cause_chain(&e)))?;
+        let readiness = tokio::spawn(readiness::watch_database(
+            pg,
+            reporter.clone(),
+            config.health_interval,
+        ));
+
+        let reflection_v1 = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+            .build_v1()?;
+        let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+            .build_v1alpha()?;
+        let coordinator = CoordinatorServer::new(CoordinatorService::new(
+            store,
+            Arc::new(config.policy.clone()),
+        ))
+        .max_decoding_message_size(config.policy.max_result_bytes + REQUEST_OVERHEAD_BYTES);
+
+        let shutdown_delay = config.shutdown_delay;
+        let drain = async move {
+            shutdown.await;
+            readiness.abort();
+            reporter
+                .set_not_serving::<CoordinatorServer<CoordinatorService>>()
+                .await;
+            reporter
+                .set_service_status("", ServingStatus::NotServing)
+                .await;
+            if !shutdown_delay.is_zero() {
+                tracing::info!(?shutdown_delay, "not ready; draining before closing");
+                tokio::time::sleep(shutdown_delay).await;
+            }
+            tracing::info!("closing; calls in flight finish first");
+        };
+
+        tracing::info!(%addr, "listening");
+        Server::builder()
+            .add_service(health)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
+            .add_service(coordinator)
+            .serve_with_incoming_shutdown(
+                TcpIncoming::from(listener).with_nodelay(Some(true)),
+                drain,
+            )
+            .await?;
+        tracing::info!("stopped");
+        Ok(())
+    }
+}

@@ -1,0 +1,105 @@
+//! Numbered migrations from `sql/`, embedded in the binary and applied in
+//! order, each once.
+//!
+//! Several replicas may start at the same moment: all of them run this, and a
+//! transaction-level advisory lock makes them take turns, so the first applies
+//! what is missing and the others find nothing left to do. A transaction-level
+//! lock (not a session-level one) is released by the commit even if the
+//! connection goes back to a pool.
+
+use sha2::{Digest, Sha256};
+use tokio_postgres::Client;
+
+/// One numbered SQL file.
+pub struct Migration {
+    pub version: i32,
+    pub name: &'static str,
+    pub sql: &'static str,
+}
+
+/// Every migration this binary knows, in order. A released migration is never
+/// edited: a change is a new file.
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "schema",
+        sql: include_str!("../../sql/0001_schema.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "functions",
+        sql: include_str!("../../sql/0002_functions.sql"),
+    },
+];
+
+/// An arbitrary constant naming our advisory lock among any others the
+/// database's users take ("idemmigr" in ASCII).
+const MIGRATION_LOCK: i64 = 0x6964_656d_6d69_6772;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    #[error("a migration statement failed")]
+    Database(#[from] tokio_postgres::Error),
+    #[error(
+        "migration {version} ({name}) was applied with different contents; released migrations must not be edited"
+    )]
+    Changed { version: i32, name: &'static str },
+}
+
+fn checksum(sql: &str) -> String {
+    hex::encode(Sha256::digest(sql.as_bytes()))
+}
+
+/// Applies the migrations the database lacks, in one transaction; returns the
+/// versions applied now (empty when the schema was already current).
+pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, MigrateError> {
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS idempotency_schema_migrations (
+             version    integer     PRIMARY KEY,
+             name       text        NOT NULL,
+             checksum   text        NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now()
+         )",
+    )
+    .await?;
+    let applied = tx
+        .query(
+            "SELECT version, checksum FROM idempotency_schema_migrations",
+            &[],
+        )
+        .await?;
+    let mut done = Vec::new();
+    for migration in MIGRATIONS {
+        let stored = applied
+            .iter()
+            .find(|row| row.get::<_, i32>("version") == migration.version);
+        match stored {
+            Some(row) if row.get::<_, String>("checksum") == checksum(migration.sql) => {}
+            Some(_) => {
+                return Err(MigrateError::Changed {
+                    version: migration.version,
+                    name: migration.name,
+                });
+            }
+            None => {
+                tx.batch_execute(migration.sql).await?;
+                tx.execute(
+                    "INSERT INTO idempotency_schema_migrations (version, name, checksum)
+                     VALUES ($1, $2, $3)",
+                    &[
+                        &migration.version,
+                        &migration.name,
+                        &checksum(migration.sql),
+                    ],
+                )
+                .await?;
+                done.push(migration.version);
+            }
+        }
+    }
+    tx.commit().await?;
+    Ok(done)
+}

@@ -1,0 +1,315 @@
+//! The database seam: one method per SQL function of `sql/`, rows turned into
+//! domain types. Knows nothing of gRPC.
+//!
+//! Every decision is made inside PostgreSQL in one round trip, under the row
+//! lock of the record concerned and by the database's clock; this module only
+//! binds arguments and reads the answer.
+
+mod clock;
+pub mod migrate;
+mod row;
+
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime, Timeouts};
+use tokio_postgres::{NoTls, Row, types::ToSql};
+
+use crate::domain::{
+    AcquireCommand, Acquired, Backoff, CompleteCommand, Decision, ExtendCommand, Lease, Outcome,
+    Record, RecordId, Refusal,
+};
+
+pub use clock::Clock;
+
+/// Why the store could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// An expected refusal: the caller must act on it.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    /// No connection could be had in time, or it broke mid-call. Retrying
+    /// later is safe: Acquire with a request_id and Complete are idempotent.
+    #[error("the database is unavailable")]
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The database answered with an error that retrying will not fix.
+    #[error("a database call failed")]
+    Query(#[source] tokio_postgres::Error),
+    /// A row that does not match what the SQL functions promise.
+    #[error("the database returned an unexpected row: {0}")]
+    Corrupt(String),
+    /// The database URL or pool settings cannot be used.
+    #[error("invalid database configuration")]
+    Config(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(error: tokio_postgres::Error) -> Self {
+        if is_transient(&error) {
+            StoreError::Unavailable(Box::new(error))
+        } else {
+            StoreError::Query(error)
+        }
+    }
+}
+
+/// Lost connections, server shutdowns and resource exhaustion go away on their
+/// own; anything else is a bug or a broken schema.
+fn is_transient(error: &tokio_postgres::Error) -> bool {
+    if error.is_closed() {
+        return true;
+    }
+    if let Some(db) = error.as_db_error() {
+        let class = &db.code().code()[..2];
+        // 08 connection exception, 53 insufficient resources, 57 operator
+        // intervention (shutdown, terminated backend), 40 serialization
+        // failure or deadlock.
+        return matches!(class, "08" | "53" | "57" | "40");
+    }
+    std::error::Error::source(error).is_some_and(|s| s.is::<std::io::Error>())
+}
+
+/// How the store reaches PostgreSQL.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// A libpq-style URL or key=value string.
+    pub database_url: String,
+    /// Connections kept open at most.
+    pub pool_size: usize,
+    /// How long a call waits for a connection before answering UNAVAILABLE.
+    pub connect_wait: Duration,
+}
+
+/// Connection pool plus the test clock: cheap to clone, shared by every call.
+#[derive(Clone)]
+pub struct Store {
+    /// Connections with their prepared statements cached per connection.
+    pool: Pool,
+    /// Offset added to the database clock (always zero outside tests).
+    clock: Clock,
+    /// The longest a call waits for a pooled connection.
+    connect_wait: Duration,
+}
+
+/// Parses a database URL and names our connections in `pg_stat_activity`.
+pub fn pg_config(database_url: &str) -> Result<tokio_postgres::Config, tokio_postgres::Error> {
+    let mut config: tokio_postgres::Config = database_url.parse()?;
+    if config.get_application_name().is_none() {
+        config.application_name("idempotency-coordinator");
+    }
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_secs(5));
+    }
+    Ok(config)
+}
+
+const ACQUIRE: &str = "SELECT a.decision, a.retry_after_ms, (a.rec).* \
+     FROM idempotency_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9) a";
+const COMPLETE: &str = "SELECT c.outcome, (c.rec).* \
+     FROM idempotency_complete($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) c";
+const EXTEND_LEASE: &str = "SELECT e.outcome, (e.rec).* \
+     FROM idempotency_extend_lease($1, $2, $3, $4, $5, $6, $7, $8) e";
+const GET: &str = "SELECT * FROM idempotency_get($1, $2, $3, $4)";
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl Store {
+    /// Builds the pool; connections open on first use, so this succeeds while
+    /// the database is down.
+    pub fn new(config: &StoreConfig, clock: Clock) -> Result<Self, StoreError> {
+        let pg = pg_config(&config.database_url).map_err(|e| StoreError::Config(Box::new(e)))?;
+        let manager = Manager::from_config(
+            pg,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(config.pool_size)
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|e| StoreError::Config(Box::new(e)))?;
+        Ok(Store {
+            pool,
+            clock,
+            connect_wait: config.connect_wait,
+        })
+    }
+
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// A pooled connection, waiting at most `budget` (and never longer than
+    /// the configured wait) for one.
+    pub async fn connection(&self, budget: Option<Duration>) -> Result<Object, StoreError> {
+        let wait = budget.map_or(self.connect_wait, |b| b.min(self.connect_wait));
+        let timeouts = Timeouts {
+            wait: Some(wait),
+            create: Some(wait),
+            recycle: Some(wait),
+        };
+        self.pool
+            .timeout_get(&timeouts)
+            .await
+            .map_err(|e| StoreError::Unavailable(Box::new(e)))
+    }
+
+    async fn query_one(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        budget: Option<Duration>,
+    ) -> Result<Option<Row>, StoreError> {
+        let client = self.connection(budget).await?;
+        let statement = client.prepare_cached(sql).await?;
+        Ok(client.query_opt(&statement, params).await?)
+    }
+
+    /// Runs `idempotency_acquire`: the whole decision in one round trip.
+    pub async fn acquire(
+        &self,
+        cmd: &AcquireCommand,
+        budget: Option<Duration>,
+    ) -> Result<Acquired, StoreError> {
+        let max_attempts = i32::try_from(cmd.max_attempts)
+            .map_err(|_| StoreError::Corrupt("max_attempts out of range".into()))?;
+        let row = self
+            .query_one(
+                ACQUIRE,
+                &[
+                    &cmd.id.tenant.as_str(),
+                    &cmd.id.scope.as_str(),
+                    &cmd.id.key.as_str(),
+                    &cmd.fingerprint.as_str(),
+                    &cmd.request_id.as_str(),
+                    &millis(cmd.lease_ttl),
+                    &max_attempts,
+                    &millis(cmd.retention),
+                    &self.clock.offset_ms(),
+                ],
+                budget,
+            )
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("idempotency_acquire returned no row".into()))?;
+        let decision: &str = row.try_get("decision")?;
+        let decision = Decision::from_stored(decision)
+            .ok_or_else(|| StoreError::Corrupt(format!("unknown decision {decision:?}")))?;
+        let retry_after = row
+            .try_get::<_, Option<i64>>("retry_after_ms")?
+            .map(|ms| Duration::from_millis(ms.max(0).unsigned_abs()));
+        Ok(Acquired {
+            decision,
+            record: row::record(&row)?,
+            retry_after,
+        })
+    }
+
+    /// Runs `idempotency_complete`.
+    pub async fn complete(
+        &self,
+        cmd: &CompleteCommand,
+        backoff: Backoff,
+        budget: Option<Duration>,
+    ) -> Result<Record, StoreError> {
+        let empty = Default::default();
+        let (success, error, permanent, retry_after) = match &cmd.outcome {
+            Outcome::Success(result) => (result, "", false, None),
+            Outcome::Failure {
+                error,
+                permanent,
+                retry_after,
+            } => (&empty, error.as_str(), *permanent, retry_after.map(millis)),
+            Outcome::Release => (&empty, "", false, None),
+        };
+        let row = self
+            .query_one(
+                COMPLETE,
+                &[
+                    &cmd.id.tenant.as_str(),
+                    &cmd.id.scope.as_str(),
+                    &cmd.id.key.as_str(),
+                    &cmd.token.as_uuid(),
+                    &cmd.outcome.stored_name(),
+                    &success.result.as_slice(),
+                    &success.content_type.as_str(),
+                    &success.status_code,
+                    &success.result_ref.as_str(),
+                    &error,
+                    &permanent,
+                    &retry_after,
+                    &millis(backoff.base),
+                    &millis(backoff.cap),
+                    &self.clock.offset_ms(),
+                ],
+                budget,
+            )
+            .await?;
+        record_unless_refused(row)
+    }
+
+    /// Runs `idempotency_extend_lease` and returns the lease's new state.
+    pub async fn extend_lease(
+        &self,
+        cmd: &ExtendCommand,
+        max_lease: Duration,
+        budget: Option<Duration>,
+    ) -> Result<Lease, StoreError> {
+        let row = self
+            .query_one(
+                EXTEND_LEASE,
+                &[
+                    &cmd.id.tenant.as_str(),
+                    &cmd.id.scope.as_str(),
+                    &cmd.id.key.as_str(),
+                    &cmd.token.as_uuid(),
+                    &millis(cmd.extend_by),
+                    &millis(max_lease),
+                    &cmd.checkpoint.as_deref(),
+                    &self.clock.offset_ms(),
+                ],
+                budget,
+            )
+            .await?;
+        record_unless_refused(row).map(|record| record.lease)
+    }
+
+    /// The live record, or `Refused(NotFound)`.
+    pub async fn get(&self, id: &RecordId, budget: Option<Duration>) -> Result<Record, StoreError> {
+        let row = self
+            .query_one(
+                GET,
+                &[
+                    &id.tenant.as_str(),
+                    &id.scope.as_str(),
+                    &id.key.as_str(),
+                    &self.clock.offset_ms(),
+                ],
+                budget,
+            )
+            .await?
+            .ok_or(Refusal::NotFound)?;
+        row::record(&row)
+    }
+
+    /// Asks the database something trivial, to tell whether it answers.
+    pub async fn ping(&self, budget: Duration) -> Result<(), StoreError> {
+        let client = self.connection(Some(budget)).await?;
+        client.simple_query("SELECT 1").await?;
+        Ok(())
+    }
+}
+
+/// Reads a `(outcome, rec.*)` row: the record when the outcome is OK, else the
+/// refusal it names.
+fn record_unless_refused(row: Option<Row>) -> Result<Record, StoreError> {
+    let row = row.ok_or_else(|| StoreError::Corrupt("the function returned no row".into()))?;
+    let outcome: &str = row.try_get("outcome")?;
+    match Refusal::from_stored(outcome) {
+        Some(None) => row::record(&row),
+        Some(Some(refusal)) => Err(refusal.into()),
+        None => Err(StoreError::Corrupt(format!("unknown outcome {outcome:?}"))),
+    }
+}

@@ -1,0 +1,59 @@
+//! Rows of `idempotency_keys` (as the SQL functions return them) into
+//! records.
+
+use tokio_postgres::Row;
+
+use super::StoreError;
+use crate::domain::{Fingerprint, Lease, LeaseToken, Record, Status, StoredResult};
+
+fn count(row: &Row, column: &str) -> Result<u32, StoreError> {
+    let value: i32 = row.try_get(column)?;
+    u32::try_from(value).map_err(|_| StoreError::Corrupt(format!("{column} is negative")))
+}
+
+pub(super) fn record(row: &Row) -> Result<Record, StoreError> {
+    let status: &str = row.try_get("status")?;
+    let status = Status::from_stored(status)
+        .ok_or_else(|| StoreError::Corrupt(format!("unknown status {status:?}")))?;
+    let fencing_token: i64 = row.try_get("fencing_token")?;
+    let fencing_token = u64::try_from(fencing_token)
+        .map_err(|_| StoreError::Corrupt("fencing_token is negative".into()))?;
+    let attempt_count = count(row, "attempt_count")?;
+    let lease_expires_at = row.try_get("lease_expires_at")?;
+    let result = match status {
+        Status::Succeeded => Some(StoredResult {
+            result: row
+                .try_get::<_, Option<Vec<u8>>>("result")?
+                .unwrap_or_default(),
+            content_type: row.try_get("result_content_type")?,
+            status_code: row.try_get("result_status_code")?,
+            result_ref: row.try_get("result_ref")?,
+        }),
+        _ => None,
+    };
+    Ok(Record {
+        scope: row.try_get("scope")?,
+        key: row.try_get("idempotency_key")?,
+        status,
+        fingerprint: Fingerprint::stored(row.try_get("fingerprint")?),
+        attempt_count,
+        max_attempts: count(row, "max_attempts")?,
+        lease_expires_at,
+        next_retry_at: row.try_get("next_retry_at")?,
+        last_error: row.try_get("last_error")?,
+        last_error_at: row.try_get("last_error_at")?,
+        result,
+        checkpoint: row.try_get("checkpoint")?,
+        fencing_token,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        completed_at: row.try_get("completed_at")?,
+        expires_at: row.try_get("expires_at")?,
+        lease: Lease {
+            token: LeaseToken::from_uuid(row.try_get("lease_token")?),
+            attempt: attempt_count,
+            expires_at: lease_expires_at,
+            fencing_token,
+        },
+    })
+}
