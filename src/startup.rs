@@ -19,6 +19,10 @@ use crate::store::{self, Clock, Store, StoreError, migrate};
 
 /// Room for the rest of a Complete request around the largest result.
 const REQUEST_OVERHEAD_BYTES: usize = 64 * 1024;
+/// Requests up to this size are decoded even when they carry a result over
+/// the limit, so the caller hears INVALID_ARGUMENT naming `success.result`
+/// rather than a transport error.
+const MIN_DECODING_LIMIT_BYTES: usize = 4 * 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
@@ -125,17 +129,25 @@ impl Application {
             config.health_interval,
         ));
 
+        // Reflection knows our contract, the health service and the
+        // google.rpc error details, so grpcurl can show all three.
         let reflection_v1 = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
             .build_v1()?;
         let reflection_v1alpha = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
             .build_v1alpha()?;
         let coordinator = CoordinatorServer::new(CoordinatorService::new(
             store,
             Arc::new(config.policy.clone()),
         ))
-        .max_decoding_message_size(config.policy.max_result_bytes + REQUEST_OVERHEAD_BYTES);
+        .max_decoding_message_size(
+            (config.policy.max_result_bytes + REQUEST_OVERHEAD_BYTES).max(MIN_DECODING_LIMIT_BYTES),
+        );
 
         let shutdown_delay = config.shutdown_delay;
         let drain = async move {

@@ -1,0 +1,51 @@
+//! Races on one key: exactly one lease, and identical replays.
+
+use futures::future::join_all;
+use idempotency_coordinator::proto::Decision;
+
+use crate::helpers::*;
+
+#[tokio::test]
+async fn fifty_concurrent_acquires_on_a_fresh_key_grant_exactly_one_lease() {
+    let app = spawn_app().await;
+    let calls = (0..50).map(|_| {
+        let mut c = app.client.clone();
+        async move {
+            c.acquire(acquire("race", "one-key"))
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    });
+    let answers = join_all(calls).await;
+    let proceeds = answers
+        .iter()
+        .filter(|a| decision(a) == Decision::Proceed)
+        .count();
+    let in_progress = answers
+        .iter()
+        .filter(|a| decision(a) == Decision::InProgress)
+        .count();
+    assert_eq!((proceeds, in_progress), (1, 49));
+    assert_eq!(app.db.count_records().await, 1);
+}
+
+#[tokio::test]
+async fn after_complete_fifty_concurrent_acquires_all_replay_the_same_bytes() {
+    let app = spawn_app().await;
+    let mut c = app.client.clone();
+    let granted = proceed(&mut c, acquire("race", "k")).await;
+    let result: Vec<u8> = (0..=255u8).cycle().take(10_000).collect();
+    c.complete(complete("race", "k", &token(&granted), success(&result)))
+        .await
+        .unwrap();
+
+    let calls = (0..50).map(|_| {
+        let mut c = app.client.clone();
+        async move { c.acquire(acquire("race", "k")).await.unwrap().into_inner() }
+    });
+    for answer in join_all(calls).await {
+        assert_eq!(decision(&answer), Decision::AlreadyDone);
+        assert_eq!(answer.record.unwrap().result.unwrap().result, result);
+    }
+}

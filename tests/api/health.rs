@@ -1,0 +1,155 @@
+//! Health for Kubernetes probes: liveness ("") follows the process, readiness
+//! (idempotency.v1.Coordinator) follows the database.
+
+use std::time::Duration;
+
+use idempotency_coordinator::config::ServeConfig;
+use tonic::Code;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+use crate::helpers::*;
+
+const READINESS: &str = "idempotency.v1.Coordinator";
+
+async fn health(server: &TestServer, service: &str) -> ServingStatus {
+    let mut client = HealthClient::new(server.channel().await);
+    let resp = client
+        .check(HealthCheckRequest {
+            service: service.into(),
+        })
+        .await
+        .expect("health check")
+        .into_inner();
+    ServingStatus::try_from(resp.status).unwrap()
+}
+
+async fn until_health(server: &TestServer, service: &str, wanted: ServingStatus) {
+    eventually(
+        &format!("{service:?} to be {wanted:?}"),
+        Duration::from_secs(10),
+        || async { (health(server, service).await == wanted).then_some(()) },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn liveness_and_readiness_are_serving_while_the_database_answers() {
+    let app = spawn_app().await;
+    assert_eq!(health(&app, "").await, ServingStatus::Serving);
+    until_health(&app, READINESS, ServingStatus::Serving).await;
+}
+
+#[tokio::test]
+async fn with_the_database_unreachable_the_server_is_live_not_ready_and_answers_unavailable() {
+    // Nothing listens on port 1 of the loopback address.
+    let mut config = ServeConfig::new(
+        "127.0.0.1:0".parse().unwrap(),
+        "postgres://postgres@127.0.0.1:1/none",
+    );
+    config.run_migrations = false;
+    config.store.connect_wait = Duration::from_millis(200);
+    let server = start_server(config).await;
+
+    assert_eq!(health(&server, "").await, ServingStatus::Serving);
+    assert_eq!(health(&server, READINESS).await, ServingStatus::NotServing);
+
+    let mut c = server.client.clone();
+    let err = c.acquire(acquire("s", "k")).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+    assert_eq!(reason(&err), "DATABASE_UNAVAILABLE");
+    use tonic_types::StatusExt;
+    assert!(
+        err.get_error_details().retry_info().is_some(),
+        "RetryInfo tells when"
+    );
+    assert!(
+        !err.message().contains("127.0.0.1"),
+        "no internals: {}",
+        err.message()
+    );
+}
+
+#[tokio::test]
+async fn readiness_follows_the_database_away_and_back_on_its_own() {
+    let db = TestDatabase::create().await;
+    let proxy = DatabaseProxy::start("127.0.0.1:5432".parse().unwrap()).await;
+    let mut config = ServeConfig::new("127.0.0.1:0".parse().unwrap(), proxy.url_for(&db));
+    config.store.connect_wait = Duration::from_millis(300);
+    let server = start_server(config).await;
+    let mut c = server.client.clone();
+    until_health(&server, READINESS, ServingStatus::Serving).await;
+    proceed(&mut c, acquire("s", "before")).await;
+
+    proxy.cut();
+    until_health(&server, READINESS, ServingStatus::NotServing).await;
+    assert_eq!(
+        health(&server, "").await,
+        ServingStatus::Serving,
+        "still live"
+    );
+    let err = c.acquire(acquire("s", "during")).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+
+    proxy.restore();
+    until_health(&server, READINESS, ServingStatus::Serving).await;
+    // Pooled connections that died with the cut are replaced.
+    let resp = eventually(
+        "an acquire to succeed again",
+        Duration::from_secs(10),
+        || {
+            let mut c = c.clone();
+            async move {
+                c.acquire(acquire("s", "after"))
+                    .await
+                    .ok()
+                    .map(|r| r.into_inner())
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        decision(&resp),
+        idempotency_coordinator::proto::Decision::Proceed
+    );
+}
+
+#[tokio::test]
+async fn on_shutdown_readiness_turns_not_serving_while_calls_are_still_answered() {
+    let app = spawn_app_with(|c| c.shutdown_delay = Duration::from_secs(30)).await;
+    until_health(&app, READINESS, ServingStatus::Serving).await;
+    // Open the connections before shutdown starts: a draining server takes
+    // no new ones once the delay is over, but keeps these.
+    let mut health_client = HealthClient::new(app.channel().await);
+    let mut c = app.client.clone();
+
+    let TestApp { server, db: _db } = app;
+    let stopped = tokio::spawn(server.stop());
+
+    eventually("readiness NOT_SERVING", Duration::from_secs(10), || {
+        let mut h = health_client.clone();
+        async move {
+            let s = h
+                .check(HealthCheckRequest {
+                    service: READINESS.into(),
+                })
+                .await
+                .ok()?
+                .into_inner()
+                .status;
+            (s == ServingStatus::NotServing as i32).then_some(())
+        }
+    })
+    .await;
+    let live = health_client
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status;
+    assert_eq!(live, ServingStatus::NotServing as i32, "shutting down");
+    proceed(&mut c, acquire("s", "during-drain")).await;
+    stopped.abort();
+}

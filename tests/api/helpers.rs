@@ -1,0 +1,441 @@
+//! Boots the real server against a fresh database of its own, on port 0.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+use idempotency_coordinator::config::ServeConfig;
+use idempotency_coordinator::proto::coordinator_client::CoordinatorClient;
+use idempotency_coordinator::proto::{self, acquire_request, complete_request};
+use idempotency_coordinator::startup::Application;
+use idempotency_coordinator::store::Clock;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned())
+}
+
+/// `url` pointing at database `name` instead (URL or key=value form).
+fn with_database(url: &str, name: &str) -> String {
+    if let Some(rest) = url
+        .strip_prefix("postgres://")
+        .or_else(|| url.strip_prefix("postgresql://"))
+    {
+        let (authority_and_path, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let authority = authority_and_path.split('/').next().unwrap_or_default();
+        let query = if query.is_empty() {
+            String::new()
+        } else {
+            format!("?{query}")
+        };
+        format!("postgres://{authority}/{name}{query}")
+    } else {
+        format!("{url} dbname={name}")
+    }
+}
+
+fn init_tracing() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("TEST_LOG").is_some() {
+            tracing_subscriber::fmt()
+                .with_env_filter("debug,h2=info,tower=info,hyper=info")
+                .with_test_writer()
+                .init();
+        }
+    });
+}
+
+async fn admin_connect(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to PostgreSQL at {url}: {e}. Is it running?"));
+    tokio::spawn(connection);
+    client
+}
+
+/// A database created for one test and dropped when the test ends.
+pub struct TestDatabase {
+    pub name: String,
+    pub url: String,
+}
+
+impl TestDatabase {
+    pub async fn create() -> Self {
+        let admin_url = database_url();
+        let name = format!("idem_test_{}", uuid::Uuid::new_v4().simple());
+        let admin = admin_connect(&admin_url).await;
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("create test database");
+        TestDatabase {
+            url: with_database(&admin_url, &name),
+            name,
+        }
+    }
+
+    pub async fn connect(&self) -> tokio_postgres::Client {
+        admin_connect(&self.url).await
+    }
+
+    pub async fn count_records(&self) -> i64 {
+        self.connect()
+            .await
+            .query_one("SELECT count(*) FROM idempotency_keys", &[])
+            .await
+            .expect("count records")
+            .get(0)
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        // Drop runs outside any async context we could borrow, so clean up on
+        // a thread with a runtime of its own.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("cleanup runtime");
+            rt.block_on(async move {
+                if let Ok((client, connection)) =
+                    tokio_postgres::connect(&database_url(), tokio_postgres::NoTls).await
+                {
+                    tokio::spawn(connection);
+                    let _ = client
+                        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// One in-process server, as production builds it.
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub client: CoordinatorClient<Channel>,
+    /// The server's clock offset: advance it instead of sleeping.
+    pub clock: Clock,
+    shutdown: Option<oneshot::Sender<()>>,
+    handle: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl TestServer {
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(format!("http://{}", self.addr))
+            .unwrap()
+            .connect()
+            .await
+            .expect("connect to the test server")
+    }
+
+    /// Asks the server to stop, then waits until it has.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(handle) = self.handle.take() {
+            handle.await.expect("server task");
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+pub async fn start_server(config: ServeConfig) -> TestServer {
+    init_tracing();
+    let app = Application::build(config).await.expect("build the server");
+    let addr = app.local_addr();
+    let clock = app.clock();
+    let (tx, rx) = oneshot::channel();
+    let handle = tokio::spawn(async move {
+        app.run_until(async {
+            let _ = rx.await;
+        })
+        .await
+        .expect("server run");
+    });
+    let client = CoordinatorClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect to the test server");
+    TestServer {
+        addr,
+        client,
+        clock,
+        shutdown: Some(tx),
+        handle: Some(handle),
+    }
+}
+
+/// A fresh database and a server on it; the database lives as long as the
+/// returned guard.
+pub struct TestApp {
+    pub server: TestServer,
+    pub db: TestDatabase,
+}
+
+impl std::ops::Deref for TestApp {
+    type Target = TestServer;
+    fn deref(&self) -> &TestServer {
+        &self.server
+    }
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(|_| {}).await
+}
+
+pub async fn spawn_app_with(configure: impl FnOnce(&mut ServeConfig)) -> TestApp {
+    let db = TestDatabase::create().await;
+    let mut config = ServeConfig::new("127.0.0.1:0".parse().unwrap(), db.url.clone());
+    configure(&mut config);
+    let server = start_server(config).await;
+    TestApp { server, db }
+}
+
+/// The server binary in a process of its own.
+pub struct ServerProcess {
+    pub addr: SocketAddr,
+    child: tokio::process::Child,
+}
+
+impl ServerProcess {
+    pub async fn start(database_url: &str) -> Self {
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"))
+            .args(["--log-format", "json", "serve", "--listen", "127.0.0.1:0"])
+            .args(["--database-url", database_url])
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start the server binary");
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let addr = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(line) = lines.next_line().await.expect("server log") {
+                let Ok(entry) = serde_json::from_str::<serde_json::Value>(&line) else {
+                    continue;
+                };
+                if entry["fields"]["message"] == "listening" {
+                    let addr = entry["fields"]["addr"].as_str().expect("addr field");
+                    return addr.parse::<SocketAddr>().expect("socket address");
+                }
+            }
+            panic!("the server exited before listening");
+        })
+        .await
+        .expect("the server did not start listening within 30 s");
+        // Keep reading so the server never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        ServerProcess { addr, child }
+    }
+
+    pub async fn client(&self) -> CoordinatorClient<Channel> {
+        CoordinatorClient::connect(format!("http://{}", self.addr))
+            .await
+            .expect("connect to the server process")
+    }
+
+    /// Sends SIGTERM and waits for the process to exit; returns its status.
+    pub async fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().expect("running") as i32;
+        // SIGTERM, as Kubernetes sends it.
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+        tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("the server did not exit within 30 s of SIGTERM")
+            .expect("wait for the server")
+    }
+}
+
+/// Polls `check` until it returns `Some`, failing the test at `deadline`.
+pub async fn eventually<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            start.elapsed() < deadline,
+            "timed out after {deadline:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+// Request builders: the fields a test does not name take their defaults.
+
+pub fn acquire(scope: &str, key: &str) -> proto::AcquireRequest {
+    proto::AcquireRequest {
+        scope: scope.into(),
+        key: key.into(),
+        ..Default::default()
+    }
+}
+
+pub fn with_fingerprint(mut req: proto::AcquireRequest, fp: &str) -> proto::AcquireRequest {
+    req.request_fingerprint = Some(acquire_request::RequestFingerprint::Fingerprint(fp.into()));
+    req
+}
+
+pub fn secs(s: i64) -> Option<prost_types::Duration> {
+    Some(prost_types::Duration {
+        seconds: s,
+        nanos: 0,
+    })
+}
+
+pub fn success(result: &[u8]) -> complete_request::Outcome {
+    complete_request::Outcome::Success(proto::Success {
+        result: result.to_vec(),
+        content_type: "application/json".into(),
+        status_code: 201,
+        result_ref: String::new(),
+    })
+}
+
+pub fn failure(error: &str) -> complete_request::Outcome {
+    complete_request::Outcome::Failure(proto::Failure {
+        error: error.into(),
+        permanent: false,
+        retry_after: None,
+    })
+}
+
+pub fn complete(
+    scope: &str,
+    key: &str,
+    token: &str,
+    outcome: complete_request::Outcome,
+) -> proto::CompleteRequest {
+    proto::CompleteRequest {
+        scope: scope.into(),
+        key: key.into(),
+        lease_token: token.into(),
+        outcome: Some(outcome),
+    }
+}
+
+pub fn decision(resp: &proto::AcquireResponse) -> proto::Decision {
+    proto::Decision::try_from(resp.decision).expect("known decision")
+}
+
+pub fn status_of(record: &proto::Record) -> proto::Status {
+    proto::Status::try_from(record.status).expect("known status")
+}
+
+/// The ErrorInfo reason of a failed call.
+pub fn reason(status: &tonic::Status) -> String {
+    use tonic_types::StatusExt;
+    status
+        .get_error_details()
+        .error_info()
+        .map(|i| i.reason.clone())
+        .unwrap_or_default()
+}
+
+/// The fields a BadRequest names.
+pub fn bad_fields(status: &tonic::Status) -> Vec<String> {
+    use tonic_types::StatusExt;
+    status
+        .get_error_details()
+        .bad_request()
+        .map(|b| b.field_violations.iter().map(|v| v.field.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// Seconds between two timestamps, as a float.
+pub fn seconds_between(a: &prost_types::Timestamp, b: &prost_types::Timestamp) -> f64 {
+    (b.seconds - a.seconds) as f64 + f64::from(b.nanos - a.nanos) / 1e9
+}
+
+/// PROCEEDs on a fresh key and returns the lease's token.
+pub async fn proceed(
+    client: &mut CoordinatorClient<Channel>,
+    req: proto::AcquireRequest,
+) -> proto::AcquireResponse {
+    let resp = client.acquire(req).await.expect("acquire").into_inner();
+    assert_eq!(decision(&resp), proto::Decision::Proceed, "{resp:?}");
+    resp
+}
+
+pub fn token(resp: &proto::AcquireResponse) -> String {
+    resp.lease.as_ref().expect("lease").token.clone()
+}
+
+pub fn get_req(scope: &str, key: &str) -> proto::GetRequest {
+    proto::GetRequest {
+        scope: scope.into(),
+        key: key.into(),
+    }
+}
+
+/// A TCP proxy in front of PostgreSQL that a test can cut and restore, to
+/// play a database that goes away and comes back.
+pub struct DatabaseProxy {
+    pub port: u16,
+    open: tokio::sync::watch::Sender<bool>,
+}
+
+impl DatabaseProxy {
+    pub async fn start(target: SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (open, watch) = tokio::sync::watch::channel(true);
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if !*watch.borrow() {
+                    continue; // dropped: the connection is refused
+                }
+                let mut closed = watch.clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = closed.wait_for(|open| !*open) => {}
+                    }
+                });
+            }
+        });
+        DatabaseProxy { port, open }
+    }
+
+    /// Drops every proxied connection and refuses new ones.
+    pub fn cut(&self) {
+        self.open.send_replace(false);
+    }
+
+    pub fn restore(&self) {
+        self.open.send_replace(true);
+    }
+
+    /// `url` (a test database URL) rewritten to go through this proxy.
+    pub fn url_for(&self, db: &TestDatabase) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{}", self.port, db.name)
+    }
+}

@@ -1,0 +1,14 @@
+//! All integration tests in one binary (one link step), each against the real
+//! server and a fresh PostgreSQL database of its own.
+
+mod acquire;
+mod complete;
+mod concurrency;
+mod extend_lease;
+mod get;
+mod grpcurl;
+mod health;
+mod helpers;
+mod migrations;
+mod replicas;
+mod validation;
