@@ -47,6 +47,11 @@ CREATE TABLE idempotency_keys (
     result_status_code  integer     NOT NULL DEFAULT 0,
     result_ref          text        NOT NULL DEFAULT '',
     checkpoint          bytea       NOT NULL DEFAULT '',
+    -- Someone waits on this row (an Acquire with `wait`, or a Watch) until
+    -- then: while it lies in the future, every change of the row sends a
+    -- NOTIFY. NULL for the plain path, which therefore never notifies (a
+    -- notifying commit takes a database-wide lock).
+    watch_until         timestamptz,
     created_at          timestamptz NOT NULL,
     updated_at          timestamptz NOT NULL,
     completed_at        timestamptz,

@@ -16,6 +16,20 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT greatest(0, ceil(extract(epoch FROM (p_then - p_now)) * 1000))::bigint
 $$;
 
+-- The channel that carries "this row changed" to every replica's listener;
+-- the payload is tenant, scope and key separated by newlines (none of them can
+-- contain one).
+CREATE FUNCTION idempotency_notify_if_watched(r idempotency_keys, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF r.watch_until > p_now THEN
+        PERFORM pg_notify('idempotency_changes',
+                          r.tenant || E'\n' || r.scope || E'\n' || r.idempotency_key);
+    END IF;
+END;
+$$;
+
 -- idempotency_acquire: may the caller run (p_tenant, p_scope, p_key)?
 --
 -- decision      | when                                   | effect
@@ -30,7 +44,10 @@ $$;
 -- PROCEED       | lease run out or FAILED and due        | attempt + 1, new lease and token
 --
 -- max_attempts, retention and fingerprint are fixed when the row is created;
--- p_lease_ms applies to the lease this call grants.
+-- p_lease_ms applies to the lease this call grants. p_watch_ms > 0 means the
+-- caller will wait that long for a change: on IN_PROGRESS the row is marked
+-- watched (watch_until) so that its next change notifies. Every change this
+-- function makes to a watched row notifies.
 --
 -- Concurrency: the row is locked FOR UPDATE before anything is decided. When
 -- there is no row, INSERT .. ON CONFLICT DO NOTHING lets exactly one of many
@@ -45,6 +62,7 @@ CREATE FUNCTION idempotency_acquire(
     p_lease_ms        bigint,
     p_max_attempts    integer,
     p_retention_ms    bigint,
+    p_watch_ms        bigint,
     p_clock_offset_ms bigint
 )
 RETURNS TABLE (decision text, retry_after_ms bigint, rec idempotency_keys)
@@ -98,6 +116,7 @@ BEGIN
             expires_at = greatest(v_now + v_retention, v_now + v_lease)
          WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
         RETURNING * INTO r;
+        PERFORM idempotency_notify_if_watched(r, v_now);
         decision := 'PROCEED'; rec := r;
         RETURN NEXT;
         RETURN;
@@ -128,6 +147,15 @@ BEGIN
         ELSE
             decision := 'IN_PROGRESS';
             retry_after_ms := idempotency_millis_until(r.lease_expires_at, v_now);
+            IF p_watch_ms > 0
+               AND coalesce(r.watch_until, '-infinity') < v_now + p_watch_ms * interval '1 millisecond' THEN
+                -- A second more than asked, so that the next waiters of the
+                -- same moment find the row marked already and write nothing.
+                UPDATE idempotency_keys k SET
+                    watch_until = v_now + (p_watch_ms + 1000) * interval '1 millisecond'
+                 WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
+                RETURNING * INTO r;
+            END IF;
         END IF;
         rec := r;
         RETURN NEXT;
@@ -149,6 +177,7 @@ BEGIN
             expires_at = v_now + r.retention
          WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
         RETURNING * INTO r;
+        PERFORM idempotency_notify_if_watched(r, v_now);
         decision := 'EXHAUSTED'; rec := r;
         RETURN NEXT;
         RETURN;
@@ -171,6 +200,7 @@ BEGIN
         expires_at = greatest(v_now + r.retention, v_now + v_lease)
      WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
     RETURNING * INTO r;
+    PERFORM idempotency_notify_if_watched(r, v_now);
     decision := 'PROCEED'; rec := r;
     RETURN NEXT;
 END;
@@ -282,6 +312,7 @@ BEGIN
         RAISE EXCEPTION 'idempotency_complete: unknown outcome %', p_outcome;
     END IF;
 
+    PERFORM idempotency_notify_if_watched(r, v_now);
     outcome := 'OK'; rec := r;
     RETURN NEXT;
 END;
@@ -349,6 +380,7 @@ BEGIN
         expires_at = greatest(r.expires_at, v_expiry)
      WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
     RETURNING * INTO r;
+    PERFORM idempotency_notify_if_watched(r, v_now);
     outcome := 'OK'; rec := r;
     RETURN NEXT;
 END;
@@ -367,4 +399,23 @@ LANGUAGE sql STABLE AS $$
     SELECT * FROM idempotency_keys k
      WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
        AND k.expires_at > clock_timestamp() + p_clock_offset_ms * interval '1 millisecond'
+$$;
+
+-- idempotency_watch: marks the live record watched for p_watch_ms (so its
+-- changes notify) and returns it; no row when there is none or it expired.
+CREATE FUNCTION idempotency_watch(
+    p_tenant          text,
+    p_scope           text,
+    p_key             text,
+    p_watch_ms        bigint,
+    p_clock_offset_ms bigint
+)
+RETURNS SETOF idempotency_keys
+LANGUAGE sql AS $$
+    UPDATE idempotency_keys k SET
+        watch_until = greatest(k.watch_until,
+            clock_timestamp() + (p_clock_offset_ms + p_watch_ms) * interval '1 millisecond')
+     WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
+       AND k.expires_at > clock_timestamp() + p_clock_offset_ms * interval '1 millisecond'
+    RETURNING *
 $$;

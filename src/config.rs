@@ -122,6 +122,10 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEMPOTENCY_MAX_WAIT", default_value_t = hd(Policy::default().max_wait))]
     pub max_wait: humantime::Duration,
 
+    /// The longest window of a Watch stream (longer requests are cut).
+    #[arg(long, env = "IDEMPOTENCY_MAX_WATCH", default_value_t = hd(Policy::default().max_watch))]
+    pub max_watch: humantime::Duration,
+
     /// On SIGTERM/SIGINT, how long to keep serving after readiness turns
     /// NOT_SERVING, so load balancers stop sending new calls first.
     #[arg(long, env = "IDEMPOTENCY_SHUTDOWN_DELAY", default_value_t = hd(Duration::ZERO))]
@@ -180,6 +184,7 @@ impl From<ServeArgs> for ServeConfig {
                 },
                 max_result_bytes: a.max_result_bytes,
                 max_wait: a.max_wait.into(),
+                max_watch: a.max_watch.into(),
                 ..defaults
             },
             run_migrations: !a.skip_migrations,

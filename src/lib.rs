@@ -14,13 +14,15 @@
 //!   (where the Acquire/Complete/ExtendLease decisions really live, under row
 //!   locks and the database clock); [`store::migrate`] applies `sql/` in order.
 //! - [`service`]: the gRPC `Coordinator` trait: decode into domain commands,
-//!   call the store, encode the answer.
+//!   call the store, encode the answer; `service::wait` holds Acquire's wait
+//!   window and the Watch stream.
 //! - [`error`]: the one error type and its exhaustive mapping to gRPC status
 //!   codes with rich error details.
 //! - [`config`]: flags with environment fallbacks, defaults in one place.
 //! - [`startup`]: builds the server (Coordinator, health, reflection) exactly
 //!   as production and tests run it.
-//! - [`readiness`]: the readiness health status that follows the database.
+//! - [`notify`]: waiting without a database connection: one LISTEN connection
+//!   per process fanned out to waiters; it also drives readiness.
 //! - [`shutdown`]: the signals that start a graceful shutdown.
 //! - [`telemetry`]: logging set-up.
 //!
@@ -30,7 +32,7 @@
 pub mod config;
 pub mod domain;
 pub mod error;
-pub mod readiness;
+pub mod notify;
 pub mod service;
 pub mod shutdown;
 pub mod startup;

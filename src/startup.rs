@@ -12,8 +12,8 @@ use tonic_health::ServingStatus;
 
 use crate::config::ServeConfig;
 use crate::error::cause_chain;
+use crate::notify::{self, Hub};
 use crate::proto::{self, coordinator_server::CoordinatorServer};
-use crate::readiness;
 use crate::service::CoordinatorService;
 use crate::store::{self, Clock, Store, StoreError, migrate};
 
@@ -67,6 +67,8 @@ pub struct Application {
     store: Store,
     /// What the server was built from.
     config: ServeConfig,
+    /// The fan-out of change notifications to this process's waiters.
+    hub: Arc<Hub>,
 }
 
 impl Application {
@@ -87,6 +89,7 @@ impl Application {
             listener,
             store,
             config,
+            hub: Hub::new(),
         })
     }
 
@@ -102,6 +105,11 @@ impl Application {
         self.store.clock().clone()
     }
 
+    /// The waiter registry, to observe how many calls wait.
+    pub fn hub(&self) -> Arc<Hub> {
+        Arc::clone(&self.hub)
+    }
+
     /// Serves until `shutdown` resolves; then readiness and liveness turn
     /// NOT_SERVING, new connections are refused after the configured delay,
     /// and calls in flight finish.
@@ -110,6 +118,7 @@ impl Application {
             listener,
             store,
             config,
+            hub,
         } = self;
         let addr = listener.local_addr().map_err(|source| StartupError::Bind {
             addr: config.listen,
@@ -123,8 +132,9 @@ impl Application {
             .await;
         let pg = store::pg_config(&config.store.database_url)
             .map_err(|e| StartupError::Config(cause_chain(&e)))?;
-        let readiness = tokio::spawn(readiness::watch_database(
+        let listener_task = tokio::spawn(notify::run_listener(
             pg,
+            Arc::clone(&hub),
             reporter.clone(),
             config.health_interval,
         ));
@@ -144,6 +154,7 @@ impl Application {
         let coordinator = CoordinatorServer::new(CoordinatorService::new(
             store,
             Arc::new(config.policy.clone()),
+            hub,
         ))
         .max_decoding_message_size(
             (config.policy.max_result_bytes + REQUEST_OVERHEAD_BYTES).max(MIN_DECODING_LIMIT_BYTES),
@@ -152,7 +163,7 @@ impl Application {
         let shutdown_delay = config.shutdown_delay;
         let drain = async move {
             shutdown.await;
-            readiness.abort();
+            listener_task.abort();
             reporter
                 .set_not_serving::<CoordinatorServer<CoordinatorService>>()
                 .await;

@@ -44,6 +44,10 @@ pub struct Policy {
     pub max_checkpoint_bytes: usize,
     /// The longest an Acquire may wait for a holder.
     pub max_wait: Duration,
+    /// A Watch window when the request leaves `timeout` unset.
+    pub default_watch: Duration,
+    /// The longest Watch window.
+    pub max_watch: Duration,
 }
 
 impl Default for Policy {
@@ -66,6 +70,8 @@ impl Default for Policy {
             max_result_bytes: 1024 * 1024,
             max_checkpoint_bytes: 64 * 1024,
             max_wait: Duration::from_secs(60),
+            default_watch: Duration::from_secs(30),
+            max_watch: Duration::from_secs(5 * 60),
         }
     }
 }
@@ -148,6 +154,12 @@ impl Policy {
     /// end of the window either way.
     pub fn wait(&self, requested: Option<Duration>) -> Duration {
         requested.unwrap_or_default().min(self.max_wait)
+    }
+
+    /// A Watch window: unset takes the default, longer than the maximum is
+    /// cut to it.
+    pub fn watch_window(&self, requested: Option<Duration>) -> Duration {
+        requested.unwrap_or(self.default_watch).min(self.max_watch)
     }
 
     /// How far ExtendLease pushes a lease; at least the minimum lease.

@@ -223,6 +223,24 @@ pub fn get(tenant: Tenant, req: proto::GetRequest) -> Result<RecordId, Error> {
     record_id(&mut v, tenant, req.scope, req.key).ok_or_else(|| v.into_error())
 }
 
+/// The record to follow and for how long (before the call's deadline).
+pub fn watch(
+    tenant: Tenant,
+    req: proto::WatchRequest,
+    policy: &Policy,
+) -> Result<(RecordId, Duration), Error> {
+    let mut v = Violations::default();
+    let id = record_id(&mut v, tenant, req.scope, req.key);
+    let window = v.check(
+        "timeout",
+        optional_duration(req.timeout).map(|d| policy.watch_window(d)),
+    );
+    match (id, window) {
+        (Some(id), Some(window)) => Ok((id, window)),
+        _ => Err(v.into_error()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,17 +5,20 @@
 
 mod decode;
 mod encode;
+mod wait;
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 use crate::domain::{Policy, Tenant};
 use crate::error::Error;
+use crate::notify::Hub;
 use crate::proto;
 use crate::proto::coordinator_server::Coordinator;
 use crate::store::Store;
@@ -27,11 +30,13 @@ pub struct CoordinatorService {
     store: Store,
     /// Defaults and limits for requests.
     policy: Arc<Policy>,
+    /// Where waiters hear that a record changed.
+    hub: Arc<Hub>,
 }
 
 impl CoordinatorService {
-    pub fn new(store: Store, policy: Arc<Policy>) -> Self {
-        CoordinatorService { store, policy }
+    pub fn new(store: Store, policy: Arc<Policy>, hub: Arc<Hub>) -> Self {
+        CoordinatorService { store, policy, hub }
     }
 }
 
@@ -42,9 +47,7 @@ fn tenant<T>(_request: &Request<T>) -> Tenant {
 }
 
 /// How long the caller is prepared to wait, from its `grpc-timeout` header
-/// (`<digits><unit>` as the gRPC HTTP/2 protocol defines it). Bounds the wait
-/// for a database connection, so a caller with a short deadline gets
-/// UNAVAILABLE in time rather than DEADLINE_EXCEEDED.
+/// (`<digits><unit>` as the gRPC HTTP/2 protocol defines it).
 fn call_budget(metadata: &MetadataMap) -> Option<Duration> {
     let value = metadata.get("grpc-timeout")?.to_str().ok()?;
     let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
@@ -60,6 +63,15 @@ fn call_budget(metadata: &MetadataMap) -> Option<Duration> {
     })
 }
 
+impl CoordinatorService {
+    /// How long a call waits for a database connection: the configured wait,
+    /// cut by the call's deadline so that a caller with a short deadline hears
+    /// UNAVAILABLE in time rather than DEADLINE_EXCEEDED.
+    fn connect_wait(&self, deadline: Option<Duration>) -> Option<Duration> {
+        deadline.map(|d| d.min(self.store.connect_wait()))
+    }
+}
+
 type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -70,11 +82,23 @@ impl Coordinator for CoordinatorService {
     ) -> Result<Response<proto::AcquireResponse>, Status> {
         let budget = call_budget(request.metadata());
         let cmd = decode::acquire(tenant(&request), request.into_inner(), &self.policy)?;
-        let acquired = self
-            .store
-            .acquire(&cmd, budget)
+        let window = wait::window(cmd.wait, budget);
+        let acquired = if window.is_zero() {
+            self.store
+                .acquire(&cmd, Duration::ZERO, self.connect_wait(budget))
+                .await
+        } else {
+            let subscription = self.hub.subscribe(cmd.id.clone());
+            wait::acquire(
+                &self.store,
+                subscription,
+                &cmd,
+                window,
+                self.connect_wait(budget),
+            )
             .await
-            .map_err(Error::from)?;
+        }
+        .map_err(Error::from)?;
         tracing::debug!(scope = cmd.id.scope.as_str(), decision = ?acquired.decision, "acquire");
         Ok(Response::new(encode::acquired(acquired)))
     }
@@ -87,7 +111,7 @@ impl Coordinator for CoordinatorService {
         let cmd = decode::complete(tenant(&request), request.into_inner(), &self.policy)?;
         let record = self
             .store
-            .complete(&cmd, self.policy.backoff, budget)
+            .complete(&cmd, self.policy.backoff, self.connect_wait(budget))
             .await
             .map_err(Error::from)?;
         Ok(Response::new(proto::CompleteResponse {
@@ -103,7 +127,7 @@ impl Coordinator for CoordinatorService {
         let cmd = decode::extend_lease(tenant(&request), request.into_inner(), &self.policy)?;
         let lease = self
             .store
-            .extend_lease(&cmd, self.policy.max_lease_ttl, budget)
+            .extend_lease(&cmd, self.policy.max_lease_ttl, self.connect_wait(budget))
             .await
             .map_err(Error::from)?;
         Ok(Response::new(proto::ExtendLeaseResponse {
@@ -117,7 +141,11 @@ impl Coordinator for CoordinatorService {
     ) -> Result<Response<proto::GetResponse>, Status> {
         let budget = call_budget(request.metadata());
         let id = decode::get(tenant(&request), request.into_inner())?;
-        let record = self.store.get(&id, budget).await.map_err(Error::from)?;
+        let record = self
+            .store
+            .get(&id, self.connect_wait(budget))
+            .await
+            .map_err(Error::from)?;
         Ok(Response::new(proto::GetResponse {
             record: Some(encode::record(record)),
         }))
@@ -127,9 +155,27 @@ impl Coordinator for CoordinatorService {
 
     async fn watch(
         &self,
-        _request: Request<proto::WatchRequest>,
+        request: Request<proto::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        Err(Error::Unimplemented("Watch").into())
+        let budget = call_budget(request.metadata());
+        let (id, asked) = decode::watch(tenant(&request), request.into_inner(), &self.policy)?;
+        let window = wait::window(asked, budget);
+        let subscription = self.hub.subscribe(id.clone());
+        let first = self
+            .store
+            .watch(&id, window, self.connect_wait(budget))
+            .await
+            .map_err(Error::from)?;
+        let (events, stream) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(wait::follow(
+            self.store.clone(),
+            subscription,
+            id,
+            first,
+            window,
+            events,
+        ));
+        Ok(Response::new(Box::pin(ReceiverStream::new(stream))))
     }
 
     type WatchDueStream = EventStream<proto::DueRecord>;

@@ -103,12 +103,13 @@ pub fn pg_config(database_url: &str) -> Result<tokio_postgres::Config, tokio_pos
 }
 
 const ACQUIRE: &str = "SELECT a.decision, a.retry_after_ms, (a.rec).* \
-     FROM idempotency_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9) a";
+     FROM idempotency_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) a";
 const COMPLETE: &str = "SELECT c.outcome, (c.rec).* \
      FROM idempotency_complete($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) c";
 const EXTEND_LEASE: &str = "SELECT e.outcome, (e.rec).* \
      FROM idempotency_extend_lease($1, $2, $3, $4, $5, $6, $7, $8) e";
 const GET: &str = "SELECT * FROM idempotency_get($1, $2, $3, $4)";
+const WATCH: &str = "SELECT * FROM idempotency_watch($1, $2, $3, $4, $5)";
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -142,10 +143,15 @@ impl Store {
         &self.clock
     }
 
-    /// A pooled connection, waiting at most `budget` (and never longer than
-    /// the configured wait) for one.
-    pub async fn connection(&self, budget: Option<Duration>) -> Result<Object, StoreError> {
-        let wait = budget.map_or(self.connect_wait, |b| b.min(self.connect_wait));
+    /// How long a call waits for a connection unless told otherwise.
+    pub fn connect_wait(&self) -> Duration {
+        self.connect_wait
+    }
+
+    /// A pooled connection, waiting at most `wait` for one (`None`: the
+    /// configured wait).
+    pub async fn connection(&self, wait: Option<Duration>) -> Result<Object, StoreError> {
+        let wait = wait.unwrap_or(self.connect_wait);
         let timeouts = Timeouts {
             wait: Some(wait),
             create: Some(wait),
@@ -161,18 +167,21 @@ impl Store {
         &self,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
-        budget: Option<Duration>,
+        wait: Option<Duration>,
     ) -> Result<Option<Row>, StoreError> {
-        let client = self.connection(budget).await?;
+        let client = self.connection(wait).await?;
         let statement = client.prepare_cached(sql).await?;
         Ok(client.query_opt(&statement, params).await?)
     }
 
     /// Runs `idempotency_acquire`: the whole decision in one round trip.
+    /// A non-zero `watch` marks an IN_PROGRESS record watched for that long,
+    /// so that its next change notifies the waiting caller.
     pub async fn acquire(
         &self,
         cmd: &AcquireCommand,
-        budget: Option<Duration>,
+        watch: Duration,
+        wait: Option<Duration>,
     ) -> Result<Acquired, StoreError> {
         let max_attempts = i32::try_from(cmd.max_attempts)
             .map_err(|_| StoreError::Corrupt("max_attempts out of range".into()))?;
@@ -188,9 +197,10 @@ impl Store {
                     &millis(cmd.lease_ttl),
                     &max_attempts,
                     &millis(cmd.retention),
+                    &millis(watch),
                     &self.clock.offset_ms(),
                 ],
-                budget,
+                wait,
             )
             .await?
             .ok_or_else(|| StoreError::Corrupt("idempotency_acquire returned no row".into()))?;
@@ -212,7 +222,7 @@ impl Store {
         &self,
         cmd: &CompleteCommand,
         backoff: Backoff,
-        budget: Option<Duration>,
+        wait: Option<Duration>,
     ) -> Result<Record, StoreError> {
         let empty = Default::default();
         let (success, error, permanent, retry_after) = match &cmd.outcome {
@@ -244,7 +254,7 @@ impl Store {
                     &millis(backoff.cap),
                     &self.clock.offset_ms(),
                 ],
-                budget,
+                wait,
             )
             .await?;
         record_unless_refused(row)
@@ -255,7 +265,7 @@ impl Store {
         &self,
         cmd: &ExtendCommand,
         max_lease: Duration,
-        budget: Option<Duration>,
+        wait: Option<Duration>,
     ) -> Result<Lease, StoreError> {
         let row = self
             .query_one(
@@ -270,14 +280,14 @@ impl Store {
                     &cmd.checkpoint.as_deref(),
                     &self.clock.offset_ms(),
                 ],
-                budget,
+                wait,
             )
             .await?;
         record_unless_refused(row).map(|record| record.lease)
     }
 
     /// The live record, or `Refused(NotFound)`.
-    pub async fn get(&self, id: &RecordId, budget: Option<Duration>) -> Result<Record, StoreError> {
+    pub async fn get(&self, id: &RecordId, wait: Option<Duration>) -> Result<Record, StoreError> {
         let row = self
             .query_one(
                 GET,
@@ -287,7 +297,32 @@ impl Store {
                     &id.key.as_str(),
                     &self.clock.offset_ms(),
                 ],
-                budget,
+                wait,
+            )
+            .await?
+            .ok_or(Refusal::NotFound)?;
+        row::record(&row)
+    }
+
+    /// Marks the live record watched for `watch` (its changes notify) and
+    /// returns it, or `Refused(NotFound)`.
+    pub async fn watch(
+        &self,
+        id: &RecordId,
+        watch: Duration,
+        wait: Option<Duration>,
+    ) -> Result<Record, StoreError> {
+        let row = self
+            .query_one(
+                WATCH,
+                &[
+                    &id.tenant.as_str(),
+                    &id.scope.as_str(),
+                    &id.key.as_str(),
+                    &millis(watch),
+                    &self.clock.offset_ms(),
+                ],
+                wait,
             )
             .await?
             .ok_or(Refusal::NotFound)?;

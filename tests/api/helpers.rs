@@ -3,10 +3,11 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::process::Stdio;
-use std::sync::Once;
+use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
 use idempotency_coordinator::config::ServeConfig;
+use idempotency_coordinator::notify::Hub;
 use idempotency_coordinator::proto::coordinator_client::CoordinatorClient;
 use idempotency_coordinator::proto::{self, acquire_request, complete_request};
 use idempotency_coordinator::startup::Application;
@@ -126,6 +127,8 @@ pub struct TestServer {
     pub client: CoordinatorClient<Channel>,
     /// The server's clock offset: advance it instead of sleeping.
     pub clock: Clock,
+    /// The server's waiter registry, to see how many calls wait.
+    pub hub: Arc<Hub>,
     shutdown: Option<oneshot::Sender<()>>,
     handle: Option<tokio::task::JoinHandle<()>>,
 }
@@ -163,6 +166,7 @@ pub async fn start_server(config: ServeConfig) -> TestServer {
     let app = Application::build(config).await.expect("build the server");
     let addr = app.local_addr();
     let clock = app.clock();
+    let hub = app.hub();
     let (tx, rx) = oneshot::channel();
     let handle = tokio::spawn(async move {
         app.run_until(async {
@@ -178,6 +182,7 @@ pub async fn start_server(config: ServeConfig) -> TestServer {
         addr,
         client,
         clock,
+        hub,
         shutdown: Some(tx),
         handle: Some(handle),
     }
@@ -437,5 +442,55 @@ impl DatabaseProxy {
     /// `url` (a test database URL) rewritten to go through this proxy.
     pub fn url_for(&self, db: &TestDatabase) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{}", self.port, db.name)
+    }
+}
+
+/// Waits until `n` calls wait on `server`.
+pub async fn until_waiters(server: &TestServer, n: usize) {
+    let hub = Arc::clone(&server.hub);
+    eventually(
+        &format!("{n} waiters"),
+        Duration::from_secs(30),
+        move || {
+            let hub = Arc::clone(&hub);
+            async move { (hub.waiters() == n).then_some(()) }
+        },
+    )
+    .await;
+}
+
+/// Waits until `n` calls on `server` have read their record and sleep
+/// until it changes.
+pub async fn until_parked(server: &TestServer, n: usize) {
+    let hub = Arc::clone(&server.hub);
+    eventually(
+        &format!("{n} parked waiters"),
+        Duration::from_secs(30),
+        move || {
+            let hub = Arc::clone(&hub);
+            async move { (hub.parked() == n).then_some(()) }
+        },
+    )
+    .await;
+}
+
+/// `n` separate connections to `addr`, so that many concurrent calls are not
+/// limited by one connection's stream limit.
+pub async fn clients(addr: SocketAddr, n: usize) -> Vec<CoordinatorClient<Channel>> {
+    let mut all = Vec::with_capacity(n);
+    for _ in 0..n {
+        all.push(
+            CoordinatorClient::connect(format!("http://{addr}"))
+                .await
+                .expect("connect"),
+        );
+    }
+    all
+}
+
+pub fn waiting(scope: &str, key: &str, wait_secs: i64) -> proto::AcquireRequest {
+    proto::AcquireRequest {
+        wait: secs(wait_secs),
+        ..acquire(scope, key)
     }
 }

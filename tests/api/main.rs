@@ -12,3 +12,5 @@ mod helpers;
 mod migrations;
 mod replicas;
 mod validation;
+mod waiting;
+mod watch;

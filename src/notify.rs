@@ -1,0 +1,301 @@
+//! Waiting without holding a database connection: one LISTEN connection per
+//! server process, fanned out in memory to every waiter of that process.
+//!
+//! A waiter subscribes to its record *before* it reads the record, so a change
+//! committed between the read and the wait is not missed. Notifications are
+//! only hints: a waiter that wakes re-reads the table, so a lost or spurious
+//! notification can delay an answer but never make it wrong. While the
+//! listener is disconnected, waiters re-read on a short interval instead, and
+//! when it reconnects every waiter re-reads once (notifications sent while it
+//! was away are lost).
+//!
+//! The same connection tells readiness: `idempotency.v1.Coordinator` is
+//! SERVING only while it is connected, listening and answering a `SELECT 1`
+//! every interval.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_postgres::{AsyncMessage, NoTls};
+use tonic_health::server::HealthReporter;
+
+use crate::domain::{Key, RecordId, Scope, Tenant};
+use crate::error::cause_chain;
+use crate::proto::coordinator_server::CoordinatorServer;
+use crate::service::CoordinatorService;
+
+/// The channel `idempotency_notify_if_watched` (sql/) notifies on.
+pub const CHANNEL: &str = "idempotency_changes";
+
+/// How often waiters re-read while the listener is down.
+const FALLBACK_POLL: Duration = Duration::from_millis(250);
+
+/// The longest pause between reconnection attempts.
+const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(5);
+
+/// One watched record's change counter and how many wait on it.
+struct Entry {
+    /// Bumped on every notification for the record.
+    version: watch::Sender<u64>,
+    /// Subscriptions alive for the record; the entry goes with the last.
+    subscribers: usize,
+}
+
+/// The in-memory fan-out of one server process.
+pub struct Hub {
+    /// Records somebody on this process waits on.
+    records: Mutex<HashMap<RecordId, Entry>>,
+    /// Subscriptions alive now (Acquire waiters and Watch streams).
+    waiters: AtomicUsize,
+    /// Of those, how many are asleep in `Subscription::changed` right now
+    /// (they have read the record and wait for it to change).
+    parked: Arc<AtomicUsize>,
+    /// Whether the listener is connected and listening.
+    connected: watch::Sender<bool>,
+}
+
+impl Hub {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Hub {
+            records: Mutex::new(HashMap::new()),
+            waiters: AtomicUsize::new(0),
+            parked: Arc::new(AtomicUsize::new(0)),
+            connected: watch::Sender::new(false),
+        })
+    }
+
+    fn records(&self) -> MutexGuard<'_, HashMap<RecordId, Entry>> {
+        // A panic while holding this lock cannot leave the map inconsistent
+        // (every change is a single insert, remove or counter step).
+        self.records.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts listening for changes of `id`. Subscribe before reading the
+    /// record, then wait on the subscription.
+    pub fn subscribe(self: &Arc<Self>, id: RecordId) -> Subscription {
+        let version = {
+            let mut records = self.records();
+            let entry = records.entry(id.clone()).or_insert_with(|| Entry {
+                version: watch::Sender::new(0),
+                subscribers: 0,
+            });
+            entry.subscribers += 1;
+            entry.version.subscribe()
+        };
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        Subscription {
+            hub: Arc::clone(self),
+            id,
+            version,
+            connected: self.connected.subscribe(),
+        }
+    }
+
+    /// Waiters alive on this process.
+    pub fn waiters(&self) -> usize {
+        self.waiters.load(Ordering::SeqCst)
+    }
+
+    /// Waiters asleep until their record changes.
+    pub fn parked(&self) -> usize {
+        self.parked.load(Ordering::SeqCst)
+    }
+
+    /// Records with at least one waiter on this process.
+    pub fn watched_records(&self) -> usize {
+        self.records().len()
+    }
+
+    fn notify(&self, id: &RecordId) {
+        if let Some(entry) = self.records().get(id) {
+            entry.version.send_modify(|v| *v = v.wrapping_add(1));
+        }
+    }
+
+    fn notify_all(&self) {
+        for entry in self.records().values() {
+            entry.version.send_modify(|v| *v = v.wrapping_add(1));
+        }
+    }
+
+    /// A notification's payload: tenant, scope and key on three lines.
+    fn on_notification(&self, payload: &str) {
+        let mut parts = payload.splitn(3, '\n');
+        let (Some(tenant), Some(scope), Some(key)) = (parts.next(), parts.next(), parts.next())
+        else {
+            tracing::warn!("ignoring a malformed change notification");
+            return;
+        };
+        let (Ok(scope), Ok(key)) = (
+            Scope::try_from(scope.to_owned()),
+            Key::try_from(key.to_owned()),
+        ) else {
+            tracing::warn!("ignoring a change notification with an invalid scope or key");
+            return;
+        };
+        self.notify(&RecordId {
+            tenant: Tenant::new(tenant),
+            scope,
+            key,
+        });
+    }
+
+    fn set_connected(&self, connected: bool) {
+        self.connected.send_replace(connected);
+        if connected {
+            // Whatever changed while we were away was not heard: re-check.
+            self.notify_all();
+        }
+    }
+}
+
+/// One waiter's interest in one record; dropping it (the call ended or was
+/// cancelled) unregisters it at once.
+pub struct Subscription {
+    hub: Arc<Hub>,
+    id: RecordId,
+    version: watch::Receiver<u64>,
+    connected: watch::Receiver<bool>,
+}
+
+impl Subscription {
+    /// Resolves when the record may have changed: on a notification, or every
+    /// short interval while the listener is down.
+    pub async fn changed(&mut self) {
+        let _parked = Parked::new(&self.hub.parked);
+        loop {
+            if !*self.connected.borrow_and_update() {
+                tokio::select! {
+                    _ = self.version.changed() => {}
+                    _ = tokio::time::sleep(FALLBACK_POLL) => {}
+                }
+                return;
+            }
+            tokio::select! {
+                _ = self.version.changed() => return,
+                // Disconnected: fall back to polling (loop again).
+                _ = self.connected.changed() => {}
+            }
+        }
+    }
+}
+
+/// Counts a waiter as parked for as long as it lives (also when the waiting
+/// future is dropped mid-sleep).
+struct Parked(Arc<AtomicUsize>);
+
+impl Parked {
+    fn new(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Parked(Arc::clone(count))
+    }
+}
+
+impl Drop for Parked {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut records = self.hub.records();
+        if let Some(entry) = records.get_mut(&self.id) {
+            entry.subscribers -= 1;
+            if entry.subscribers == 0 {
+                records.remove(&self.id);
+            }
+        }
+        drop(records);
+        self.hub.waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn set_ready(reporter: &HealthReporter, ready: bool) {
+    if ready {
+        reporter
+            .set_serving::<CoordinatorServer<CoordinatorService>>()
+            .await;
+    } else {
+        reporter
+            .set_not_serving::<CoordinatorServer<CoordinatorService>>()
+            .await;
+    }
+}
+
+/// One connected session: LISTEN, then ping every `interval` until something
+/// fails. Returns why it ended, and whether it got as far as listening.
+async fn listen_once(
+    pg: &tokio_postgres::Config,
+    hub: &Arc<Hub>,
+    reporter: &HealthReporter,
+    interval: Duration,
+) -> (String, bool) {
+    let connect = tokio::time::timeout(interval * 5, pg.connect(NoTls)).await;
+    let (client, mut connection) = match connect {
+        Ok(Ok(pair)) => pair,
+        Ok(Err(e)) => return (format!("cannot connect: {}", cause_chain(&e)), false),
+        Err(_) => return ("connecting timed out".to_owned(), false),
+    };
+    let notifications = Arc::clone(hub);
+    let driver = tokio::spawn(async move {
+        loop {
+            match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                Some(Ok(AsyncMessage::Notification(n))) => {
+                    notifications.on_notification(n.payload())
+                }
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => return,
+            }
+        }
+    });
+    if let Err(e) = client.batch_execute(&format!("LISTEN {CHANNEL}")).await {
+        driver.abort();
+        return (format!("LISTEN failed: {}", cause_chain(&e)), false);
+    }
+    hub.set_connected(true);
+    tracing::info!("listening for changes; ready");
+    set_ready(reporter, true).await;
+    let why = loop {
+        tokio::time::sleep(interval).await;
+        match tokio::time::timeout(interval, client.simple_query("SELECT 1")).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => break format!("check failed: {}", cause_chain(&e)),
+            Err(_) => break format!("check took longer than {interval:?}"),
+        }
+    };
+    driver.abort();
+    (why, true)
+}
+
+/// Keeps the listener connected for as long as the server runs (it is
+/// aborted at shutdown), reconnecting with backoff; readiness follows it.
+pub async fn run_listener(
+    pg: tokio_postgres::Config,
+    hub: Arc<Hub>,
+    reporter: HealthReporter,
+    interval: Duration,
+) {
+    let mut delay = interval;
+    let mut reported = false;
+    loop {
+        let (why, was_listening) = listen_once(&pg, &hub, &reporter, interval).await;
+        hub.set_connected(false);
+        set_ready(&reporter, false).await;
+        if was_listening {
+            delay = interval;
+            reported = false;
+        }
+        if reported {
+            tracing::debug!(reason = %why, "database listener still down");
+        } else {
+            tracing::warn!(reason = %why, "database listener down: not ready, waiters poll");
+            reported = true;
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(MAX_RECONNECT_DELAY);
+    }
+}
