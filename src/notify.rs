@@ -14,18 +14,20 @@
 //! every interval.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tokio_postgres::{AsyncMessage, NoTls};
 use tonic_health::server::HealthReporter;
 
-use crate::domain::{Key, RecordId, Scope, Tenant};
+use crate::domain::{Key, Record, RecordId, Refusal, Scope, Tenant};
 use crate::error::cause_chain;
 use crate::proto::coordinator_server::CoordinatorServer;
 use crate::service::CoordinatorService;
+use crate::store::StoreError;
 
 /// The channel `idempotency_notify_if_watched` (sql/) notifies on.
 pub const CHANNEL: &str = "idempotency_changes";
@@ -42,6 +44,22 @@ struct Entry {
     version: watch::Sender<u64>,
     /// Subscriptions alive for the record; the entry goes with the last.
     subscribers: usize,
+    /// The record as last read after a notification, shared by every waiter
+    /// of this process, so that a thousand waiters woken together cost one
+    /// read, not a thousand.
+    latest: Arc<tokio::sync::Mutex<Latest>>,
+}
+
+/// A read of the record and the notification version it is fresh for.
+#[derive(Default)]
+struct Latest {
+    /// The version the read started after; `None` before any read.
+    version: Option<u64>,
+    /// When the read started: while the listener is down no version moves,
+    /// so a read is shared only for one polling interval.
+    read_at: Option<Instant>,
+    /// The record, or `None` when it was not found.
+    record: Option<Record>,
 }
 
 /// The in-memory fan-out of one server process.
@@ -81,15 +99,18 @@ impl Hub {
             let entry = records.entry(id.clone()).or_insert_with(|| Entry {
                 version: watch::Sender::new(0),
                 subscribers: 0,
+                latest: Arc::default(),
             });
             entry.subscribers += 1;
-            entry.version.subscribe()
+            (entry.version.subscribe(), Arc::clone(&entry.latest))
         };
+        let (version, latest) = version;
         self.waiters.fetch_add(1, Ordering::SeqCst);
         Subscription {
             hub: Arc::clone(self),
             id,
             version,
+            latest,
             connected: self.connected.subscribe(),
         }
     }
@@ -158,10 +179,46 @@ pub struct Subscription {
     hub: Arc<Hub>,
     id: RecordId,
     version: watch::Receiver<u64>,
+    latest: Arc<tokio::sync::Mutex<Latest>>,
     connected: watch::Receiver<bool>,
 }
 
 impl Subscription {
+    /// The record as it stands since the latest notification: read with
+    /// `fetch` by the first waiter of this process to ask, and shared with
+    /// the others woken by the same notification. `None` when there is no
+    /// record.
+    pub async fn read_shared<F, Fut>(&mut self, fetch: F) -> Result<Option<Record>, StoreError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Record, StoreError>>,
+    {
+        // Read after this version was announced, so at least that fresh.
+        let version = *self.version.borrow_and_update();
+        let listening = *self.connected.borrow();
+        let mut latest = self.latest.lock().await;
+        let fresh = latest.version == Some(version)
+            && (listening
+                || latest
+                    .read_at
+                    .is_some_and(|at| at.elapsed() < FALLBACK_POLL));
+        if fresh {
+            return Ok(latest.record.clone());
+        }
+        let read_at = Instant::now();
+        let record = match fetch().await {
+            Ok(record) => Some(record),
+            Err(StoreError::Refused(Refusal::NotFound)) => None,
+            Err(e) => return Err(e),
+        };
+        *latest = Latest {
+            version: Some(version),
+            read_at: Some(read_at),
+            record: record.clone(),
+        };
+        Ok(record)
+    }
+
     /// Resolves when the record may have changed: on a notification, or every
     /// short interval while the listener is down.
     pub async fn changed(&mut self) {

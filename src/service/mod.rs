@@ -89,14 +89,7 @@ impl Coordinator for CoordinatorService {
                 .await
         } else {
             let subscription = self.hub.subscribe(cmd.id.clone());
-            wait::acquire(
-                &self.store,
-                subscription,
-                &cmd,
-                window,
-                self.connect_wait(budget),
-            )
-            .await
+            wait::acquire(&self.store, subscription, &cmd, window).await
         }
         .map_err(Error::from)?;
         tracing::debug!(scope = cmd.id.scope.as_str(), decision = ?acquired.decision, "acquire");

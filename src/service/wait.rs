@@ -9,7 +9,9 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tonic::Status;
 
-use crate::domain::{AcquireCommand, Acquired, Decision, Record, RecordId, Status as RecordStatus};
+use crate::domain::{
+    AcquireCommand, Acquired, Decision, Record, RecordId, Refusal, Status as RecordStatus,
+};
 use crate::error::{Error, cause_chain};
 use crate::notify::Subscription;
 use crate::proto;
@@ -33,45 +35,107 @@ pub fn window(asked: Duration, deadline: Option<Duration>) -> Duration {
 const RETRY_AFTER_UNAVAILABLE: Duration = Duration::from_millis(250);
 
 /// Acquire, and while the answer is IN_PROGRESS wait (up to `window`) for
-/// the record to change or its lease to run out, then decide again. The first
-/// decision waits `connect_wait` for a connection like any call, and its
-/// errors are the caller's; once waiting, a database that fails to answer is
-/// asked again until the window ends.
+/// the record to change or its lease to run out, then decide again.
+///
+/// A caller that asked to wait is prepared to wait its window for a database
+/// connection too, so a burst of waiters queues for the pool rather than
+/// failing (a database that refuses connections still fails fast). The
+/// first decision's errors are the caller's; once waiting, a database that
+/// fails to answer is asked again until the window ends.
 pub async fn acquire(
     store: &Store,
     mut subscription: Subscription,
     cmd: &AcquireCommand,
     window: Duration,
-    connect_wait: Option<Duration>,
 ) -> Result<Acquired, StoreError> {
     let end = Instant::now() + window;
-    let mut connect_wait = connect_wait;
     let mut waiting = false;
     loop {
         let left = end.saturating_duration_since(Instant::now());
-        let next_check = match store.acquire(cmd, left, connect_wait).await {
+        let connect_wait = Some(left.max(store.connect_wait()));
+        let (mut next_check, mut held) = match store.acquire(cmd, left, connect_wait).await {
             Ok(acquired) if acquired.decision != Decision::InProgress || left.is_zero() => {
                 return Ok(acquired);
             }
             // The holder's lease ends after retry_after: then the key can be
             // taken over, so decide again at that moment.
-            Ok(acquired) => Instant::now() + acquired.retry_after.unwrap_or(left),
+            Ok(acquired) => (
+                Instant::now() + acquired.retry_after.unwrap_or(left),
+                Some(acquired.record),
+            ),
             Err(StoreError::Unavailable(e)) if waiting && !left.is_zero() => {
                 tracing::debug!(error = %cause_chain(e.as_ref()), "waiter: database unavailable; asking again");
-                Instant::now() + RETRY_AFTER_UNAVAILABLE
+                (Instant::now() + RETRY_AFTER_UNAVAILABLE, None)
             }
             Err(e) => return Err(e),
         };
         waiting = true;
-        // A woken waiter is prepared to wait its whole window, for a
-        // connection too: many waiters woken at once queue for the pool
-        // rather than fail.
-        connect_wait = Some(left.max(DEADLINE_MARGIN));
-        tokio::select! {
-            _ = subscription.changed() => {}
-            _ = tokio::time::sleep_until(next_check.min(end)) => {}
+
+        // Sleep until the lease or the window ends, unless a notification
+        // shows a change that needs a new decision first.
+        loop {
+            tokio::select! {
+                _ = subscription.changed() => {}
+                _ = tokio::time::sleep_until(next_check.min(end)) => break,
+            }
+            let Some(current) = held.take() else { break };
+            let seen = subscription
+                .read_shared(|| store.get(&cmd.id, connect_wait))
+                .await;
+            match classify(seen, current, cmd) {
+                Seen::Done(acquired) => return Ok(acquired),
+                Seen::StillHeld {
+                    record,
+                    extended_by,
+                } => {
+                    next_check += extended_by;
+                    held = Some(record);
+                }
+                Seen::Decide => break,
+            }
         }
     }
+}
+
+/// What a waiter makes of the record read (once for all this process's
+/// waiters) after a notification.
+enum Seen {
+    /// SUCCEEDED with the caller's fingerprint: ALREADY_DONE, exactly as
+    /// `idempotency_acquire` would decide (SUCCEEDED is final), without a
+    /// round trip of the waiter's own.
+    Done(Acquired),
+    /// The same lease is still held (a heartbeat moved its end by
+    /// `extended_by`): keep waiting.
+    StillHeld {
+        record: Record,
+        extended_by: Duration,
+    },
+    /// Anything else needs a decision under the row lock: Acquire again.
+    Decide,
+}
+
+fn classify(seen: Result<Option<Record>, StoreError>, held: Record, cmd: &AcquireCommand) -> Seen {
+    let Ok(Some(record)) = seen else {
+        return Seen::Decide;
+    };
+    if record.status == RecordStatus::Succeeded && record.fingerprint == cmd.fingerprint {
+        return Seen::Done(Acquired {
+            decision: Decision::AlreadyDone,
+            record,
+            retry_after: None,
+        });
+    }
+    if record.status == RecordStatus::Processing && record.lease.token == held.lease.token {
+        let extended_by = match (record.lease_expires_at, held.lease_expires_at) {
+            (Some(new), Some(old)) => (new - old).to_std().unwrap_or_default(),
+            _ => Duration::ZERO,
+        };
+        return Seen::StillHeld {
+            record,
+            extended_by,
+        };
+    }
+    Seen::Decide
 }
 
 fn event(record: Record, timed_out: bool) -> proto::WatchEvent {
@@ -107,7 +171,18 @@ pub async fn follow(
             _ = tokio::time::sleep_until(end) => true,
         };
         let left = end.saturating_duration_since(Instant::now());
-        let record = match store.get(&id, Some(left.max(DEADLINE_MARGIN))).await {
+        let wait = Some(left.max(DEADLINE_MARGIN));
+        let read = if window_over {
+            // The last event reads afresh rather than trust that every
+            // notification has arrived.
+            store.get(&id, wait).await
+        } else {
+            subscription
+                .read_shared(|| store.get(&id, wait))
+                .await
+                .and_then(|r| r.ok_or(Refusal::NotFound.into()))
+        };
+        let record = match read {
             Ok(record) => record,
             Err(StoreError::Unavailable(e)) if !window_over => {
                 tracing::debug!(error = %cause_chain(e.as_ref()), "watch: database unavailable; asking again");

@@ -1,0 +1,376 @@
+//! Load generator for a running coordinator: drives it over gRPC with
+//! concurrent clients for a fixed time and prints throughput and latency
+//! percentiles, each scenario closing with one machine-readable `RESULT` line.
+//!
+//! ```text
+//! cargo run --release --bin idempotency-bench -- --target 127.0.0.1:50051 \
+//!     --scenario cycle,cycle-beside-waiters,wait --clients 32 --seconds 10
+//! ```
+//!
+//! Scenarios:
+//! - `cycle`: Acquire + Complete on fresh keys, nobody waiting (the plain path);
+//! - `cycle-beside-waiters`: the same while `--waiters` calls wait on other
+//!   keys, so the listener, the fan-out and watched records are all busy;
+//! - `wait`: `--waiters` calls wait on one key, one Complete releases them
+//!   all; reports the delay from that Complete to the last answer.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::{Parser, ValueEnum};
+use hdrhistogram::Histogram;
+use idempotency_coordinator::proto::coordinator_client::CoordinatorClient;
+use idempotency_coordinator::proto::{
+    AcquireRequest, CompleteRequest, Decision, Success, complete_request::Outcome,
+};
+use tonic::transport::Channel;
+
+#[derive(Debug, Parser)]
+#[command(about = "Drives a running idempotency coordinator and reports what it sustains.")]
+struct Args {
+    /// The coordinator's address.
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    target: String,
+    /// Scenarios to run, in order (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "cycle")]
+    scenario: Vec<Scenario>,
+    /// Concurrent clients issuing calls back to back.
+    #[arg(long, default_value_t = 32)]
+    clients: usize,
+    /// How long each timed scenario runs.
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// HTTP/2 connections the clients share.
+    #[arg(long, default_value_t = 8)]
+    connections: usize,
+    /// Waiting calls in `cycle-beside-waiters` and `wait`.
+    #[arg(long, default_value_t = 1000)]
+    waiters: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Scenario {
+    Cycle,
+    CycleBesideWaiters,
+    Wait,
+}
+
+type Client = CoordinatorClient<Channel>;
+
+fn acquire(scope: &str, key: &str) -> AcquireRequest {
+    AcquireRequest {
+        scope: scope.into(),
+        key: key.into(),
+        ..Default::default()
+    }
+}
+
+fn succeed(scope: &str, key: &str, token: String) -> CompleteRequest {
+    CompleteRequest {
+        scope: scope.into(),
+        key: key.into(),
+        lease_token: token,
+        outcome: Some(Outcome::Success(Success {
+            result: br#"{"status":"ok"}"#.to_vec(),
+            content_type: "application/json".into(),
+            status_code: 200,
+            result_ref: String::new(),
+        })),
+    }
+}
+
+fn histogram() -> Histogram<u64> {
+    // Microseconds from 1 µs to 60 s, three significant figures.
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
+}
+
+fn ms(h: &Histogram<u64>, quantile: f64) -> f64 {
+    h.value_at_quantile(quantile) as f64 / 1000.0
+}
+
+/// A distinct prefix per run, so runs against one database never collide.
+fn run_id() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!("{nanos:x}")
+}
+
+async fn connect(target: &str, n: usize) -> Vec<Client> {
+    let mut clients = Vec::with_capacity(n);
+    for _ in 0..n.max(1) {
+        let channel = Channel::from_shared(format!("http://{target}"))
+            .expect("a valid target address")
+            .tcp_nodelay(true)
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to {target}: {e}"));
+        clients.push(CoordinatorClient::new(channel));
+    }
+    clients
+}
+
+struct CycleStats {
+    cycles: u64,
+    elapsed: Duration,
+    cycle: Histogram<u64>,
+    acquire: Histogram<u64>,
+}
+
+/// Acquire + Complete on fresh keys, `clients` at a time, for `duration`.
+async fn cycles(clients: &[Client], n: usize, duration: Duration, run: &str) -> CycleStats {
+    let start = Instant::now();
+    let end = start + duration;
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let mut client = clients[i % clients.len()].clone();
+            let run = run.to_owned();
+            tokio::spawn(async move {
+                let (mut cycle, mut acquire_h) = (histogram(), histogram());
+                let mut count = 0u64;
+                while Instant::now() < end {
+                    let key = format!("{run}-{i}-{count}");
+                    let t0 = Instant::now();
+                    let granted = client
+                        .acquire(acquire("bench.cycle", &key))
+                        .await
+                        .expect("acquire")
+                        .into_inner();
+                    let t1 = Instant::now();
+                    assert_eq!(granted.decision, Decision::Proceed as i32, "fresh key");
+                    let token = granted.lease.expect("lease").token;
+                    client
+                        .complete(succeed("bench.cycle", &key, token))
+                        .await
+                        .expect("complete");
+                    let t2 = Instant::now();
+                    acquire_h.saturating_record((t1 - t0).as_micros() as u64);
+                    cycle.saturating_record((t2 - t0).as_micros() as u64);
+                    count += 1;
+                }
+                (count, cycle, acquire_h)
+            })
+        })
+        .collect();
+    let mut stats = CycleStats {
+        cycles: 0,
+        elapsed: Duration::ZERO,
+        cycle: histogram(),
+        acquire: histogram(),
+    };
+    for task in tasks {
+        let (count, cycle, acquire_h) = task.await.expect("client task");
+        stats.cycles += count;
+        stats.cycle.add(cycle).expect("same bounds");
+        stats.acquire.add(acquire_h).expect("same bounds");
+    }
+    stats.elapsed = start.elapsed();
+    stats
+}
+
+fn report_cycles(name: &str, args: &Args, stats: &CycleStats, extra: &str) -> f64 {
+    let per_s = stats.cycles as f64 / stats.elapsed.as_secs_f64();
+    println!(
+        "{name}: {} cycles in {:.1} s = {per_s:.0} cycles/s; cycle p50 {:.2} ms p90 {:.2} ms p99 {:.2} ms p99.9 {:.2} ms; acquire p99 {:.2} ms",
+        stats.cycles,
+        stats.elapsed.as_secs_f64(),
+        ms(&stats.cycle, 0.5),
+        ms(&stats.cycle, 0.9),
+        ms(&stats.cycle, 0.99),
+        ms(&stats.cycle, 0.999),
+        ms(&stats.acquire, 0.99),
+    );
+    println!(
+        "RESULT scenario={name} clients={} seconds={} ops_per_s={per_s:.0} p50_ms={:.2} p90_ms={:.2} p99_ms={:.2} p999_ms={:.2} acquire_p99_ms={:.2}{extra}",
+        args.clients,
+        args.seconds,
+        ms(&stats.cycle, 0.5),
+        ms(&stats.cycle, 0.9),
+        ms(&stats.cycle, 0.99),
+        ms(&stats.cycle, 0.999),
+        ms(&stats.acquire, 0.99),
+    );
+    per_s
+}
+
+/// Takes a lease on `key` so that others find it IN_PROGRESS.
+async fn hold(client: &mut Client, scope: &str, key: &str) -> String {
+    let mut req = acquire(scope, key);
+    req.lease_ttl = Some(prost_types::Duration {
+        seconds: 600,
+        nanos: 0,
+    });
+    let granted = client.acquire(req).await.expect("hold").into_inner();
+    assert_eq!(granted.decision, Decision::Proceed as i32, "fresh key");
+    granted.lease.expect("lease").token
+}
+
+fn waiting(scope: &str, key: &str) -> AcquireRequest {
+    AcquireRequest {
+        wait: Some(prost_types::Duration {
+            seconds: 60,
+            nanos: 0,
+        }),
+        ..acquire(scope, key)
+    }
+}
+
+/// Connections enough that no connection carries more than 100 waiting
+/// streams (servers commonly allow 100 to 200 per connection).
+fn waiter_connections(args: &Args) -> usize {
+    args.connections.max(args.waiters.div_ceil(100))
+}
+
+async fn cycle_beside_waiters(args: &Args, clients: &[Client], run: &str) -> f64 {
+    let scope = "bench.parked";
+    let held_keys = args.waiters.div_ceil(10).max(1);
+    let mut holder = clients[0].clone();
+    let mut tokens = Vec::with_capacity(held_keys);
+    for k in 0..held_keys {
+        tokens.push(hold(&mut holder, scope, &format!("{run}-held-{k}")).await);
+    }
+    let waiter_clients = connect(&args.target, waiter_connections(args)).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let waiters: Vec<_> = (0..args.waiters)
+        .map(|i| {
+            let mut client = waiter_clients[i % waiter_clients.len()].clone();
+            let key = format!("{run}-held-{}", i % held_keys);
+            let stop = Arc::clone(&stop);
+            tokio::spawn(async move {
+                // Wait again whenever a window ends, until the run is over.
+                while !stop.load(Ordering::SeqCst) {
+                    let answer = client.acquire(waiting(scope, &key)).await.expect("wait");
+                    if answer.into_inner().decision != Decision::InProgress as i32 {
+                        break;
+                    }
+                }
+            })
+        })
+        .collect();
+    // Let the waiters reach the server and park before measuring.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let stats = cycles(
+        clients,
+        args.clients,
+        Duration::from_secs(args.seconds),
+        &format!("{run}-beside"),
+    )
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    for (k, token) in tokens.into_iter().enumerate() {
+        holder
+            .complete(succeed(scope, &format!("{run}-held-{k}"), token))
+            .await
+            .expect("release the held keys");
+    }
+    for waiter in waiters {
+        waiter.await.expect("waiter task");
+    }
+    report_cycles(
+        "cycle-beside-waiters",
+        args,
+        &stats,
+        &format!(" background_waiters={}", args.waiters),
+    )
+}
+
+async fn wait_release(args: &Args, clients: &[Client], run: &str) {
+    let scope = "bench.wait";
+    let key = format!("{run}-one");
+    let mut holder = clients[0].clone();
+    let token = hold(&mut holder, scope, &key).await;
+    let waiter_clients = connect(&args.target, waiter_connections(args)).await;
+    let waiters: Vec<_> = (0..args.waiters)
+        .map(|i| {
+            let mut client = waiter_clients[i % waiter_clients.len()].clone();
+            let key = key.clone();
+            tokio::spawn(async move {
+                let answer = client.acquire(waiting(scope, &key)).await.expect("wait");
+                (answer.into_inner().decision, Instant::now())
+            })
+        })
+        .collect();
+    // Let every waiter reach the server and park.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let released = Instant::now();
+    holder
+        .complete(succeed(scope, &key, token))
+        .await
+        .expect("complete");
+    let completed = released.elapsed();
+    let mut delays = histogram();
+    let mut last = Duration::ZERO;
+    for waiter in waiters {
+        let (decision, at) = waiter.await.expect("waiter task");
+        assert_eq!(
+            decision,
+            Decision::AlreadyDone as i32,
+            "every waiter gets the result"
+        );
+        let delay = at.saturating_duration_since(released);
+        last = last.max(delay);
+        delays.saturating_record(delay.as_micros() as u64);
+    }
+    println!(
+        "wait: {} waiters released by one Complete (which took {:.2} ms): median answer after {:.2} ms, last after {:.2} ms",
+        args.waiters,
+        completed.as_secs_f64() * 1000.0,
+        ms(&delays, 0.5),
+        last.as_secs_f64() * 1000.0,
+    );
+    println!(
+        "RESULT scenario=wait waiters={} complete_ms={:.2} p50_ms={:.2} p99_ms={:.2} last_ms={:.2}",
+        args.waiters,
+        completed.as_secs_f64() * 1000.0,
+        ms(&delays, 0.5),
+        ms(&delays, 0.99),
+        last.as_secs_f64() * 1000.0,
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let clients = connect(&args.target, args.connections).await;
+    let run = run_id();
+    println!(
+        "target {} · {} clients over {} connections · {} s per timed scenario · {} cores here",
+        args.target,
+        args.clients,
+        args.connections,
+        args.seconds,
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    let mut plain = None;
+    for (n, scenario) in args.scenario.iter().enumerate() {
+        // Keys unique to this run and this step of it.
+        let run = format!("{run}-{n}");
+        match scenario {
+            Scenario::Cycle => {
+                let stats = cycles(
+                    &clients,
+                    args.clients,
+                    Duration::from_secs(args.seconds),
+                    &run,
+                )
+                .await;
+                plain = Some(report_cycles("cycle", &args, &stats, ""));
+            }
+            Scenario::CycleBesideWaiters => {
+                let beside = cycle_beside_waiters(&args, &clients, &run).await;
+                if let Some(plain) = plain {
+                    println!(
+                        "beside {} waiters the plain path runs at {:.2} of its speed with nobody waiting",
+                        args.waiters,
+                        beside / plain
+                    );
+                }
+            }
+            Scenario::Wait => wait_release(&args, &clients, &run).await,
+        }
+    }
+}
