@@ -202,3 +202,43 @@ async fn without_waiters_completing_sends_no_notification() {
         .get(0);
     assert_eq!(watched, 0, "the plain path never marks a record watched");
 }
+
+#[tokio::test]
+async fn a_heartbeat_keeps_waiters_waiting_until_the_extended_lease_ends() {
+    let app = spawn_app().await;
+    let mut c = app.client.clone();
+    let mut req = acquire("s", "k");
+    req.lease_ttl = secs(2);
+    let holder = proceed(&mut c, req).await;
+    let mut waiter = c.clone();
+    let started = Instant::now();
+    let waiting_call = tokio::spawn(async move { waiter.acquire(waiting("s", "k", 20)).await });
+    until_parked(&app, 1).await;
+
+    let lease = c
+        .extend_lease(proto::ExtendLeaseRequest {
+            scope: "s".into(),
+            key: "k".into(),
+            lease_token: token(&holder),
+            extend_by: secs(2),
+            checkpoint: None,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .lease
+        .unwrap();
+    let extended = seconds_between(
+        holder.lease.as_ref().unwrap().expires_at.as_ref().unwrap(),
+        lease.expires_at.as_ref().unwrap(),
+    );
+    assert!((1.99..=2.01).contains(&extended), "{extended}");
+
+    let answer = waiting_call.await.unwrap().unwrap().into_inner();
+    let waited = started.elapsed();
+    assert_eq!(decision(&answer), Decision::Proceed);
+    assert!(
+        (Duration::from_millis(3900)..Duration::from_secs(6)).contains(&waited),
+        "taken over when the extended lease ended, not the original one: {waited:?}"
+    );
+}
