@@ -29,13 +29,7 @@ async fn success_stores_the_result_and_makes_the_record_succeeded() {
     if let Outcome::Success(s) = &mut result {
         s.result_ref = "s3://bucket/receipt-1".into();
     }
-    let record = c
-        .complete(complete("s", "k", &token(&lease), result))
-        .await
-        .unwrap()
-        .into_inner()
-        .record
-        .unwrap();
+    let record = complete_ok(&mut c, complete("s", "k", &token(&lease), result)).await;
     assert_eq!(status_of(&record), Status::Succeeded);
     let stored = record.result.as_ref().unwrap();
     assert_eq!(stored.result, b"\x00\xffbinary");
@@ -62,13 +56,7 @@ async fn failure_backs_off_exponentially_up_to_the_cap() {
     let mut delays = Vec::new();
     for _ in 0..3 {
         let lease = proceed(&mut c, acquire("s", "k")).await;
-        let record = c
-            .complete(complete("s", "k", &token(&lease), failure("boom")))
-            .await
-            .unwrap()
-            .into_inner()
-            .record
-            .unwrap();
+        let record = complete_ok(&mut c, complete("s", "k", &token(&lease), failure("boom"))).await;
         assert_eq!(status_of(&record), Status::Failed);
         let delay = seconds_between(
             record.last_error_at.as_ref().unwrap(),
@@ -85,18 +73,16 @@ async fn a_failures_retry_after_overrides_the_backoff() {
     let app = spawn_app().await;
     let mut c = app.client.clone();
     let lease = proceed(&mut c, acquire("s", "k")).await;
-    let record = c
-        .complete(complete(
+    let record = complete_ok(
+        &mut c,
+        complete(
             "s",
             "k",
             &token(&lease),
             failure_with("429", false, secs(0)),
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .record
-        .unwrap();
+        ),
+    )
+    .await;
     assert_eq!(record.next_retry_at, record.last_error_at, "due at once");
     let again = proceed(&mut c, acquire("s", "k")).await;
     assert_eq!(again.lease.unwrap().attempt, 2);
@@ -111,18 +97,16 @@ async fn a_failure_on_the_last_attempt_is_permanent() {
     for attempt in 1..=2 {
         let lease = proceed(&mut c, req.clone()).await;
         assert_eq!(lease.lease.as_ref().unwrap().attempt, attempt);
-        let record = c
-            .complete(complete(
+        let record = complete_ok(
+            &mut c,
+            complete(
                 "s",
                 "k",
                 &token(&lease),
                 failure_with("nope", false, secs(0)),
-            ))
-            .await
-            .unwrap()
-            .into_inner()
-            .record
-            .unwrap();
+            ),
+        )
+        .await;
         let expected = if attempt == 2 {
             Status::FailedPermanent
         } else {
@@ -140,13 +124,7 @@ async fn a_failures_error_is_cut_to_4000_characters() {
     let mut c = app.client.clone();
     let lease = proceed(&mut c, acquire("s", "k")).await;
     let long = "é".repeat(5000);
-    let record = c
-        .complete(complete("s", "k", &token(&lease), failure(&long)))
-        .await
-        .unwrap()
-        .into_inner()
-        .record
-        .unwrap();
+    let record = complete_ok(&mut c, complete("s", "k", &token(&lease), failure(&long))).await;
     assert_eq!(record.last_error.chars().count(), 4000);
 }
 
@@ -157,18 +135,16 @@ async fn release_gives_the_key_back_at_once_without_counting_the_attempt() {
     let mut req = acquire("s", "k");
     req.max_attempts = 1;
     let first = proceed(&mut c, req.clone()).await;
-    let record = c
-        .complete(complete(
+    let record = complete_ok(
+        &mut c,
+        complete(
             "s",
             "k",
             &token(&first),
             Outcome::Release(proto::Release {}),
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .record
-        .unwrap();
+        ),
+    )
+    .await;
     assert_eq!(status_of(&record), Status::Failed);
     assert_eq!(record.attempt_count, 0);
 
@@ -188,18 +164,11 @@ async fn an_expired_lease_is_still_honoured_if_nobody_took_over() {
     let lease = proceed(&mut c, req).await;
     app.clock.advance(Duration::from_secs(60));
 
-    let record = c
-        .complete(complete(
-            "s",
-            "k",
-            &token(&lease),
-            success(b"late but done"),
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .record
-        .unwrap();
+    let record = complete_ok(
+        &mut c,
+        complete("s", "k", &token(&lease), success(b"late but done")),
+    )
+    .await;
     assert_eq!(status_of(&record), Status::Succeeded);
 }
 
@@ -216,13 +185,7 @@ async fn a_holders_late_success_stands_even_after_an_acquire_exhausted_the_key()
     assert_eq!(decision(&resp), Decision::Exhausted);
 
     // Nobody took over: the work the holder did is what happened.
-    let record = c
-        .complete(complete("s", "k", &token(&lease), success(b"done")))
-        .await
-        .unwrap()
-        .into_inner()
-        .record
-        .unwrap();
+    let record = complete_ok(&mut c, complete("s", "k", &token(&lease), success(b"done"))).await;
     assert_eq!(status_of(&record), Status::Succeeded);
     let resp = c.acquire(req).await.unwrap().into_inner();
     assert_eq!(decision(&resp), Decision::AlreadyDone);
@@ -239,13 +202,7 @@ async fn repeating_a_complete_returns_the_record_as_it_stands() {
     assert_eq!(first, again, "nothing changed on the repeat");
 
     let other_bytes = complete("s", "k", &token(&lease), success(b"second"));
-    let record = c
-        .complete(other_bytes)
-        .await
-        .unwrap()
-        .into_inner()
-        .record
-        .unwrap();
+    let record = complete_ok(&mut c, other_bytes).await;
     assert_eq!(
         record.result.unwrap().result,
         b"first",
@@ -267,13 +224,7 @@ async fn a_different_outcome_after_completion_is_refused_and_the_stored_one_stan
         .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
     assert_eq!(reason(&err), "ALREADY_COMPLETED");
-    let record = c
-        .get(get_req("s", "k"))
-        .await
-        .unwrap()
-        .into_inner()
-        .record
-        .unwrap();
+    let record = get_record(&mut c, get_req("s", "k")).await;
     assert_eq!(status_of(&record), Status::Succeeded);
 }
 
@@ -297,13 +248,7 @@ async fn a_holder_whose_lease_was_taken_over_cannot_complete() {
     assert_eq!(err.code(), Code::Aborted);
     assert_eq!(reason(&err), "LEASE_LOST");
 
-    let record = c
-        .get(get_req("s", "k"))
-        .await
-        .unwrap()
-        .into_inner()
-        .record
-        .unwrap();
+    let record = get_record(&mut c, get_req("s", "k")).await;
     assert_eq!(record.result.unwrap().result, b"new holder");
     assert!(fresh.lease.unwrap().fencing_token > stale.lease.unwrap().fencing_token);
 }
@@ -323,13 +268,7 @@ async fn a_stale_holder_cannot_complete_while_the_new_holder_works() {
         .await
         .unwrap_err();
     assert_eq!(reason(&err), "LEASE_LOST");
-    let record = c
-        .get(get_req("s", "k"))
-        .await
-        .unwrap()
-        .into_inner()
-        .record
-        .unwrap();
+    let record = get_record(&mut c, get_req("s", "k")).await;
     assert_eq!(status_of(&record), Status::Processing, "nothing changed");
     assert_eq!(record.last_error, "");
 }

@@ -12,13 +12,7 @@ async fn get_returns_the_record_as_it_stands() {
     let app = spawn_app().await;
     let mut c = app.client.clone();
     let granted = proceed(&mut c, with_fingerprint(acquire("s", "k"), "fp-1")).await;
-    let record = c
-        .get(get_req("s", "k"))
-        .await
-        .unwrap()
-        .into_inner()
-        .record
-        .unwrap();
+    let record = get_record(&mut c, get_req("s", "k")).await;
     assert_eq!(record, granted.record.unwrap());
     assert_eq!(record.fingerprint, "fp-1");
     assert_eq!(status_of(&record), Status::Processing);

@@ -491,3 +491,29 @@ pub fn waiting(scope: &str, key: &str, wait_secs: i64) -> proto::AcquireRequest 
         ..acquire(scope, key)
     }
 }
+
+/// The record as Get returns it; the call must succeed.
+pub async fn get_record(
+    c: &mut CoordinatorClient<Channel>,
+    req: proto::GetRequest,
+) -> proto::Record {
+    c.get(req)
+        .await
+        .expect("get")
+        .into_inner()
+        .record
+        .expect("record")
+}
+
+/// The record as a successful Complete returns it.
+pub async fn complete_ok(
+    c: &mut CoordinatorClient<Channel>,
+    req: proto::CompleteRequest,
+) -> proto::Record {
+    c.complete(req)
+        .await
+        .expect("complete")
+        .into_inner()
+        .record
+        .expect("record")
+}

@@ -130,13 +130,7 @@ async fn a_result_over_the_limit_is_refused_and_the_lease_stays() {
             .unwrap_err();
         assert_invalid(&err, "success.result");
     }
-    let record = c
-        .get(get_req("s", "k"))
-        .await
-        .unwrap()
-        .into_inner()
-        .record
-        .unwrap();
+    let record = get_record(&mut c, get_req("s", "k")).await;
     assert_eq!(status_of(&record), Status::Processing);
 
     // Exactly at the limit is fine.
