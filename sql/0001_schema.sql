@@ -52,6 +52,11 @@ CREATE TABLE idempotency_keys (
     -- NOTIFY. NULL for the plain path, which therefore never notifies (a
     -- notifying commit takes a database-wide lock).
     watch_until         timestamptz,
+    -- The recovery feed (WatchDue) offered this due row to subscriber
+    -- offered_to until offered_until; nobody else is offered it before then.
+    -- Cleared when a new lease is granted.
+    offered_until       timestamptz,
+    offered_to          uuid,
     created_at          timestamptz NOT NULL,
     updated_at          timestamptz NOT NULL,
     completed_at        timestamptz,

@@ -109,7 +109,7 @@ BEGIN
             attempt_count = 1, max_attempts = p_max_attempts, retention = v_retention,
             lease_token = gen_random_uuid(), lease_request_id = p_request_id,
             lease_expires_at = v_now + v_lease, lease_outcome = NULL,
-            fencing_token = r.fencing_token + 1,
+            fencing_token = r.fencing_token + 1, offered_until = NULL, offered_to = NULL,
             next_retry_at = NULL, last_error = '', last_error_at = NULL,
             result = NULL, result_content_type = '', result_status_code = 0, result_ref = '',
             checkpoint = '', created_at = v_now, updated_at = v_now, completed_at = NULL,
@@ -195,7 +195,7 @@ BEGIN
         status = 'PROCESSING', attempt_count = r.attempt_count + 1,
         lease_token = gen_random_uuid(), lease_request_id = p_request_id,
         lease_expires_at = v_now + v_lease, lease_outcome = NULL,
-        fencing_token = r.fencing_token + 1,
+        fencing_token = r.fencing_token + 1, offered_until = NULL, offered_to = NULL,
         next_retry_at = NULL, updated_at = v_now,
         expires_at = greatest(v_now + r.retention, v_now + v_lease)
      WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key

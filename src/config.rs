@@ -8,6 +8,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::domain::{Backoff, Policy};
+use crate::recovery::WebhookConfig;
+use crate::service::FeedConfig;
 use crate::store::StoreConfig;
 
 /// Connections the pool keeps open at most.
@@ -16,6 +18,14 @@ pub const DEFAULT_POOL_SIZE: usize = 16;
 pub const DEFAULT_CONNECT_WAIT: Duration = Duration::from_secs(1);
 /// How often readiness asks the database whether it answers.
 pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the background sweeper runs.
+pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+/// Rows of each kind per sweeping transaction.
+pub const DEFAULT_SWEEP_BATCH: u32 = 1000;
+/// How long a due record offered to one subscriber is not offered again.
+pub const DEFAULT_DUE_OFFER: Duration = Duration::from_secs(30);
+/// How often an idle recovery feed looks for newly due records.
+pub const DEFAULT_DUE_POLL: Duration = Duration::from_secs(1);
 
 fn hd(d: Duration) -> humantime::Duration {
     d.into()
@@ -126,6 +136,45 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEMPOTENCY_MAX_WATCH", default_value_t = hd(Policy::default().max_watch))]
     pub max_watch: humantime::Duration,
 
+    /// How often the background sweeper deletes expired records and reclaims
+    /// dead leases (one replica at a time); 0 turns it off.
+    #[arg(long, env = "IDEMPOTENCY_SWEEP_INTERVAL", default_value_t = hd(DEFAULT_SWEEP_INTERVAL))]
+    pub sweep_interval: humantime::Duration,
+
+    /// Records of each kind a sweeping transaction handles at most.
+    #[arg(long, env = "IDEMPOTENCY_SWEEP_BATCH", default_value_t = DEFAULT_SWEEP_BATCH)]
+    pub sweep_batch: u32,
+
+    /// How long a due record offered to one WatchDue subscriber (or the
+    /// webhook) is not offered to another, unless somebody Acquires it.
+    #[arg(long, env = "IDEMPOTENCY_DUE_OFFER_INTERVAL", default_value_t = hd(DEFAULT_DUE_OFFER))]
+    pub due_offer_interval: humantime::Duration,
+
+    /// How often an idle WatchDue stream looks for retries that came due.
+    #[arg(long, env = "IDEMPOTENCY_DUE_POLL_INTERVAL", default_value_t = hd(DEFAULT_DUE_POLL))]
+    pub due_poll_interval: humantime::Duration,
+
+    /// POST each due record (every tenant) as JSON to this http:// URL after
+    /// each sweep, for callers that cannot hold a WatchDue stream.
+    #[arg(long, env = "IDEMPOTENCY_RECOVERY_WEBHOOK")]
+    pub recovery_webhook: Option<reqwest::Url>,
+
+    /// Time limit of one webhook POST.
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_RECOVERY_WEBHOOK_TIMEOUT",
+        default_value = "5s"
+    )]
+    pub recovery_webhook_timeout: humantime::Duration,
+
+    /// POSTs per due record before it waits for its next offer.
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_RECOVERY_WEBHOOK_ATTEMPTS",
+        default_value_t = 3
+    )]
+    pub recovery_webhook_attempts: u32,
+
     /// On SIGTERM/SIGINT, how long to keep serving after readiness turns
     /// NOT_SERVING, so load balancers stop sending new calls first.
     #[arg(long, env = "IDEMPOTENCY_SHUTDOWN_DELAY", default_value_t = hd(Duration::ZERO))]
@@ -141,6 +190,11 @@ pub struct ServeConfig {
     pub run_migrations: bool,
     pub shutdown_delay: Duration,
     pub health_interval: Duration,
+    /// Background sweeping every this long; zero: off.
+    pub sweep_interval: Duration,
+    pub sweep_batch: u32,
+    pub feed: FeedConfig,
+    pub webhook: Option<WebhookConfig>,
 }
 
 impl ServeConfig {
@@ -157,6 +211,13 @@ impl ServeConfig {
             run_migrations: true,
             shutdown_delay: Duration::ZERO,
             health_interval: DEFAULT_HEALTH_INTERVAL,
+            sweep_interval: DEFAULT_SWEEP_INTERVAL,
+            sweep_batch: DEFAULT_SWEEP_BATCH,
+            feed: FeedConfig {
+                offer: DEFAULT_DUE_OFFER,
+                poll: DEFAULT_DUE_POLL,
+            },
+            webhook: None,
         }
     }
 }
@@ -190,6 +251,18 @@ impl From<ServeArgs> for ServeConfig {
             run_migrations: !a.skip_migrations,
             shutdown_delay: a.shutdown_delay.into(),
             health_interval: DEFAULT_HEALTH_INTERVAL,
+            sweep_interval: a.sweep_interval.into(),
+            sweep_batch: a.sweep_batch,
+            feed: FeedConfig {
+                offer: a.due_offer_interval.into(),
+                poll: a.due_poll_interval.into(),
+            },
+            webhook: a.recovery_webhook.map(|url| WebhookConfig {
+                url,
+                timeout: a.recovery_webhook_timeout.into(),
+                attempts: a.recovery_webhook_attempts,
+                offer: a.due_offer_interval.into(),
+            }),
         }
     }
 }

@@ -18,6 +18,10 @@
 //!   window and the Watch stream.
 //! - [`error`]: the one error type and its exhaustive mapping to gRPC status
 //!   codes with rich error details.
+//! - [`sweeper`]: Sweep and the background sweeper: expired records out, dead
+//!   leases reclaimed, in small batches, one replica at a time.
+//! - [`recovery`]: the recovery webhook that POSTs due records (the feed's
+//!   stream form, WatchDue, lives in `service::due`).
 //! - [`config`]: flags with environment fallbacks, defaults in one place.
 //! - [`startup`]: builds the server (Coordinator, health, reflection) exactly
 //!   as production and tests run it.
@@ -33,10 +37,12 @@ pub mod config;
 pub mod domain;
 pub mod error;
 pub mod notify;
+pub mod recovery;
 pub mod service;
 pub mod shutdown;
 pub mod startup;
 pub mod store;
+pub mod sweeper;
 pub mod telemetry;
 
 /// Generated from the proto; the only place that includes generated code.

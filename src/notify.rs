@@ -15,6 +15,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::hash::Hash;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -29,8 +30,13 @@ use crate::proto::coordinator_server::CoordinatorServer;
 use crate::service::CoordinatorService;
 use crate::store::StoreError;
 
-/// The channel `idempotency_notify_if_watched` (sql/) notifies on.
-pub const CHANNEL: &str = "idempotency_changes";
+/// The channel `idempotency_notify_if_watched` (sql/) announces changed
+/// records on: tenant, scope and key on three lines.
+pub const CHANGES: &str = "idempotency_changes";
+
+/// The channel the sweeper announces scopes with newly due records on:
+/// tenant and scope on two lines.
+pub const DUE: &str = "idempotency_due";
 
 /// How often waiters re-read while the listener is down.
 const FALLBACK_POLL: Duration = Duration::from_millis(250);
@@ -38,16 +44,70 @@ const FALLBACK_POLL: Duration = Duration::from_millis(250);
 /// The longest pause between reconnection attempts.
 const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(5);
 
-/// One watched record's change counter and how many wait on it.
-struct Entry {
-    /// Bumped on every notification for the record.
+/// One topic's change counter and how many listen to it.
+struct Topic<E> {
+    /// Bumped on every notification for the topic.
     version: watch::Sender<u64>,
-    /// Subscriptions alive for the record; the entry goes with the last.
+    /// Subscriptions alive for the topic; the topic goes with the last.
     subscribers: usize,
-    /// The record as last read after a notification, shared by every waiter
-    /// of this process, so that a thousand waiters woken together cost one
-    /// read, not a thousand.
-    latest: Arc<tokio::sync::Mutex<Latest>>,
+    /// What the topic's subscribers share (for records: the latest read).
+    shared: E,
+}
+
+/// Topics by key (records, or scopes), each alive while subscribed.
+struct Topics<K, E> {
+    map: Mutex<HashMap<K, Topic<E>>>,
+}
+
+impl<K: Hash + Eq + Clone, E: Clone + Default> Topics<K, E> {
+    fn new() -> Self {
+        Topics {
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<K, Topic<E>>> {
+        // A panic while holding this lock cannot leave the map inconsistent
+        // (every change is a single insert, remove or counter step).
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn subscribe(&self, key: K) -> (watch::Receiver<u64>, E) {
+        let mut map = self.lock();
+        let topic = map.entry(key).or_insert_with(|| Topic {
+            version: watch::Sender::new(0),
+            subscribers: 0,
+            shared: E::default(),
+        });
+        topic.subscribers += 1;
+        (topic.version.subscribe(), topic.shared.clone())
+    }
+
+    fn unsubscribe(&self, key: &K) {
+        let mut map = self.lock();
+        if let Some(topic) = map.get_mut(key) {
+            topic.subscribers -= 1;
+            if topic.subscribers == 0 {
+                map.remove(key);
+            }
+        }
+    }
+
+    fn notify(&self, key: &K) {
+        if let Some(topic) = self.lock().get(key) {
+            topic.version.send_modify(|v| *v = v.wrapping_add(1));
+        }
+    }
+
+    fn notify_all(&self) {
+        for topic in self.lock().values() {
+            topic.version.send_modify(|v| *v = v.wrapping_add(1));
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
 }
 
 /// A read of the record and the notification version it is fresh for.
@@ -62,11 +122,20 @@ struct Latest {
     record: Option<Record>,
 }
 
+/// The record as last read after a notification, shared by every waiter of
+/// this process, so that a thousand waiters woken together cost one read.
+type SharedRead = Arc<tokio::sync::Mutex<Latest>>;
+
+/// A tenant's scope, as the recovery feed follows it.
+type ScopeId = (Tenant, Scope);
+
 /// The in-memory fan-out of one server process.
 pub struct Hub {
     /// Records somebody on this process waits on.
-    records: Mutex<HashMap<RecordId, Entry>>,
-    /// Subscriptions alive now (Acquire waiters and Watch streams).
+    records: Topics<RecordId, SharedRead>,
+    /// Scopes a recovery feed (WatchDue) of this process follows.
+    scopes: Topics<ScopeId, ()>,
+    /// Record subscriptions alive now (Acquire waiters and Watch streams).
     waiters: AtomicUsize,
     /// Of those, how many are asleep in `Subscription::changed` right now
     /// (they have read the record and wait for it to change).
@@ -78,40 +147,41 @@ pub struct Hub {
 impl Hub {
     pub fn new() -> Arc<Self> {
         Arc::new(Hub {
-            records: Mutex::new(HashMap::new()),
+            records: Topics::new(),
+            scopes: Topics::new(),
             waiters: AtomicUsize::new(0),
             parked: Arc::new(AtomicUsize::new(0)),
             connected: watch::Sender::new(false),
         })
     }
 
-    fn records(&self) -> MutexGuard<'_, HashMap<RecordId, Entry>> {
-        // A panic while holding this lock cannot leave the map inconsistent
-        // (every change is a single insert, remove or counter step).
-        self.records.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Starts listening for changes of `id`. Subscribe before reading the
     /// record, then wait on the subscription.
     pub fn subscribe(self: &Arc<Self>, id: RecordId) -> Subscription {
-        let version = {
-            let mut records = self.records();
-            let entry = records.entry(id.clone()).or_insert_with(|| Entry {
-                version: watch::Sender::new(0),
-                subscribers: 0,
-                latest: Arc::default(),
-            });
-            entry.subscribers += 1;
-            (entry.version.subscribe(), Arc::clone(&entry.latest))
-        };
-        let (version, latest) = version;
+        let (version, latest) = self.records.subscribe(id.clone());
         self.waiters.fetch_add(1, Ordering::SeqCst);
         Subscription {
             hub: Arc::clone(self),
             id,
-            version,
             latest,
-            connected: self.connected.subscribe(),
+            changes: Changes {
+                version,
+                connected: self.connected.subscribe(),
+            },
+        }
+    }
+
+    /// Starts listening for records of a tenant's scope coming due.
+    pub fn subscribe_due(self: &Arc<Self>, tenant: Tenant, scope: Scope) -> DueSubscription {
+        let id = (tenant, scope);
+        let (version, ()) = self.scopes.subscribe(id.clone());
+        DueSubscription {
+            hub: Arc::clone(self),
+            id,
+            changes: Changes {
+                version,
+                connected: self.connected.subscribe(),
+            },
         }
     }
 
@@ -127,48 +197,60 @@ impl Hub {
 
     /// Records with at least one waiter on this process.
     pub fn watched_records(&self) -> usize {
-        self.records().len()
+        self.records.len()
     }
 
-    fn notify(&self, id: &RecordId) {
-        if let Some(entry) = self.records().get(id) {
-            entry.version.send_modify(|v| *v = v.wrapping_add(1));
-        }
-    }
-
-    fn notify_all(&self) {
-        for entry in self.records().values() {
-            entry.version.send_modify(|v| *v = v.wrapping_add(1));
-        }
-    }
-
-    /// A notification's payload: tenant, scope and key on three lines.
-    fn on_notification(&self, payload: &str) {
+    /// A notification on `channel` with `payload` (lines as the SQL functions
+    /// write them).
+    fn on_notification(&self, channel: &str, payload: &str) {
         let mut parts = payload.splitn(3, '\n');
-        let (Some(tenant), Some(scope), Some(key)) = (parts.next(), parts.next(), parts.next())
-        else {
-            tracing::warn!("ignoring a malformed change notification");
-            return;
-        };
-        let (Ok(scope), Ok(key)) = (
-            Scope::try_from(scope.to_owned()),
-            Key::try_from(key.to_owned()),
-        ) else {
-            tracing::warn!("ignoring a change notification with an invalid scope or key");
-            return;
-        };
-        self.notify(&RecordId {
-            tenant: Tenant::new(tenant),
-            scope,
-            key,
-        });
+        let tenant = parts.next().map(Tenant::new);
+        let scope = parts
+            .next()
+            .and_then(|s| Scope::try_from(s.to_owned()).ok());
+        match (channel, tenant, scope, parts.next()) {
+            (CHANGES, Some(tenant), Some(scope), Some(key)) => {
+                if let Ok(key) = Key::try_from(key.to_owned()) {
+                    self.records.notify(&RecordId { tenant, scope, key });
+                }
+            }
+            (DUE, Some(tenant), Some(scope), None) => self.scopes.notify(&(tenant, scope)),
+            _ => tracing::warn!(channel, "ignoring a malformed notification"),
+        }
     }
 
     fn set_connected(&self, connected: bool) {
         self.connected.send_replace(connected);
         if connected {
             // Whatever changed while we were away was not heard: re-check.
-            self.notify_all();
+            self.records.notify_all();
+            self.scopes.notify_all();
+        }
+    }
+}
+
+/// What wakes a subscriber: its topic's notifications, or while the listener
+/// is down a short polling interval.
+struct Changes {
+    version: watch::Receiver<u64>,
+    connected: watch::Receiver<bool>,
+}
+
+impl Changes {
+    async fn changed(&mut self) {
+        loop {
+            if !*self.connected.borrow_and_update() {
+                tokio::select! {
+                    _ = self.version.changed() => {}
+                    _ = tokio::time::sleep(FALLBACK_POLL) => {}
+                }
+                return;
+            }
+            tokio::select! {
+                _ = self.version.changed() => return,
+                // Disconnected: fall back to polling (loop again).
+                _ = self.connected.changed() => {}
+            }
         }
     }
 }
@@ -178,9 +260,8 @@ impl Hub {
 pub struct Subscription {
     hub: Arc<Hub>,
     id: RecordId,
-    version: watch::Receiver<u64>,
-    latest: Arc<tokio::sync::Mutex<Latest>>,
-    connected: watch::Receiver<bool>,
+    latest: SharedRead,
+    changes: Changes,
 }
 
 impl Subscription {
@@ -194,8 +275,8 @@ impl Subscription {
         Fut: Future<Output = Result<Record, StoreError>>,
     {
         // Read after this version was announced, so at least that fresh.
-        let version = *self.version.borrow_and_update();
-        let listening = *self.connected.borrow();
+        let version = *self.changes.version.borrow_and_update();
+        let listening = *self.changes.connected.borrow();
         let mut latest = self.latest.lock().await;
         let fresh = latest.version == Some(version)
             && (listening
@@ -223,20 +304,7 @@ impl Subscription {
     /// short interval while the listener is down.
     pub async fn changed(&mut self) {
         let _parked = Parked::new(&self.hub.parked);
-        loop {
-            if !*self.connected.borrow_and_update() {
-                tokio::select! {
-                    _ = self.version.changed() => {}
-                    _ = tokio::time::sleep(FALLBACK_POLL) => {}
-                }
-                return;
-            }
-            tokio::select! {
-                _ = self.version.changed() => return,
-                // Disconnected: fall back to polling (loop again).
-                _ = self.connected.changed() => {}
-            }
-        }
+        self.changes.changed().await;
     }
 }
 
@@ -259,15 +327,29 @@ impl Drop for Parked {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        let mut records = self.hub.records();
-        if let Some(entry) = records.get_mut(&self.id) {
-            entry.subscribers -= 1;
-            if entry.subscribers == 0 {
-                records.remove(&self.id);
-            }
-        }
-        drop(records);
+        self.hub.records.unsubscribe(&self.id);
         self.hub.waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A recovery feed's interest in one tenant's scope.
+pub struct DueSubscription {
+    hub: Arc<Hub>,
+    id: ScopeId,
+    changes: Changes,
+}
+
+impl DueSubscription {
+    /// Resolves when the sweeper announces due records in the scope (or
+    /// every short interval while the listener is down).
+    pub async fn announced(&mut self) {
+        self.changes.changed().await;
+    }
+}
+
+impl Drop for DueSubscription {
+    fn drop(&mut self) {
+        self.hub.scopes.unsubscribe(&self.id);
     }
 }
 
@@ -302,14 +384,17 @@ async fn listen_once(
         loop {
             match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
                 Some(Ok(AsyncMessage::Notification(n))) => {
-                    notifications.on_notification(n.payload())
+                    notifications.on_notification(n.channel(), n.payload())
                 }
                 Some(Ok(_)) => {}
                 Some(Err(_)) | None => return,
             }
         }
     });
-    if let Err(e) = client.batch_execute(&format!("LISTEN {CHANNEL}")).await {
+    if let Err(e) = client
+        .batch_execute(&format!("LISTEN {CHANGES}; LISTEN {DUE}"))
+        .await
+    {
         driver.abort();
         return (format!("LISTEN failed: {}", cause_chain(&e)), false);
     }

@@ -14,8 +14,10 @@ use crate::config::ServeConfig;
 use crate::error::cause_chain;
 use crate::notify::{self, Hub};
 use crate::proto::{self, coordinator_server::CoordinatorServer};
+use crate::recovery::Webhook;
 use crate::service::CoordinatorService;
 use crate::store::{self, Clock, Store, StoreError, migrate};
+use crate::sweeper::{self, SweepTotals, Sweeper};
 
 /// Room for the rest of a Complete request around the largest result.
 const REQUEST_OVERHEAD_BYTES: usize = 64 * 1024;
@@ -69,11 +71,21 @@ pub struct Application {
     config: ServeConfig,
     /// The fan-out of change notifications to this process's waiters.
     hub: Arc<Hub>,
+    /// What the background sweeper has done.
+    sweep_totals: Arc<SweepTotals>,
 }
 
 impl Application {
     pub async fn build(config: ServeConfig) -> Result<Self, StartupError> {
         config.policy.check().map_err(StartupError::Config)?;
+        if let Some(webhook) = &config.webhook
+            && webhook.url.scheme() != "http"
+        {
+            return Err(StartupError::Config(format!(
+                "the recovery webhook must be an http:// URL (this build has no TLS client), got {}://",
+                webhook.url.scheme()
+            )));
+        }
         let store = Store::new(&config.store, Clock::default()).map_err(StartupError::Database)?;
         if config.run_migrations {
             run_migrations(&store).await?;
@@ -90,6 +102,7 @@ impl Application {
             store,
             config,
             hub: Hub::new(),
+            sweep_totals: Arc::default(),
         })
     }
 
@@ -110,6 +123,11 @@ impl Application {
         Arc::clone(&self.hub)
     }
 
+    /// What the background sweeper of this process has done so far.
+    pub fn sweep_totals(&self) -> Arc<SweepTotals> {
+        Arc::clone(&self.sweep_totals)
+    }
+
     /// Serves until `shutdown` resolves; then readiness and liveness turn
     /// NOT_SERVING, new connections are refused after the configured delay,
     /// and calls in flight finish.
@@ -119,6 +137,7 @@ impl Application {
             store,
             config,
             hub,
+            sweep_totals,
         } = self;
         let addr = listener.local_addr().map_err(|source| StartupError::Bind {
             addr: config.listen,
@@ -151,10 +170,24 @@ impl Application {
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
             .build_v1alpha()?;
+        let sweeper = Sweeper::new(store.clone(), config.sweep_batch);
+        let sweeping = (!config.sweep_interval.is_zero()).then(|| {
+            tokio::spawn(sweeper::run(
+                sweeper.clone(),
+                config.sweep_interval,
+                sweep_totals,
+                config.webhook.clone().map(Webhook::start),
+            ))
+        });
+        if sweeping.is_none() && config.webhook.is_some() {
+            tracing::warn!("the recovery webhook runs with the sweeper, which is off");
+        }
         let coordinator = CoordinatorServer::new(CoordinatorService::new(
             store,
             Arc::new(config.policy.clone()),
             hub,
+            sweeper,
+            config.feed,
         ))
         .max_decoding_message_size(
             (config.policy.max_result_bytes + REQUEST_OVERHEAD_BYTES).max(MIN_DECODING_LIMIT_BYTES),
@@ -164,6 +197,9 @@ impl Application {
         let drain = async move {
             shutdown.await;
             listener_task.abort();
+            if let Some(sweeping) = &sweeping {
+                sweeping.abort();
+            }
             reporter
                 .set_not_serving::<CoordinatorServer<CoordinatorService>>()
                 .await;

@@ -12,6 +12,6 @@ pub use input::{
 };
 pub use policy::{Backoff, Policy};
 pub use record::{
-    AcquireCommand, Acquired, CompleteCommand, Decision, ExtendCommand, Lease, Outcome, Record,
-    RecordId, Refusal, Status, StoredResult,
+    AcquireCommand, Acquired, CompleteCommand, Decision, DueReason, DueRecord, ExtendCommand,
+    Lease, Outcome, Record, RecordId, Refusal, Status, StoredResult, SweepCounts,
 };

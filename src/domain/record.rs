@@ -206,3 +206,41 @@ pub struct ExtendCommand {
     /// `None` keeps the stored checkpoint.
     pub checkpoint: Option<Vec<u8>>,
 }
+
+/// Why the recovery feed offers a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DueReason {
+    /// FAILED, and its retry has come due.
+    RetryDue,
+    /// The holder let its lease run out (it probably died); the record may
+    /// since have been reclaimed by the sweeper.
+    LeaseExpired,
+}
+
+/// A due record as offered to one recovery subscriber.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DueRecord {
+    pub tenant: Tenant,
+    pub record: Record,
+    pub reason: DueReason,
+}
+
+/// What a sweep did (or, dry, would do).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SweepCounts {
+    /// Records past their expiry, deleted.
+    pub expired_deleted: u64,
+    /// PROCESSING records whose lease ran out, turned FAILED or
+    /// FAILED_PERMANENT.
+    pub leases_reclaimed: u64,
+    /// FAILED records whose retry is due.
+    pub retries_due: u64,
+}
+
+impl std::ops::AddAssign for SweepCounts {
+    fn add_assign(&mut self, other: Self) {
+        self.expired_deleted += other.expired_deleted;
+        self.leases_reclaimed += other.leases_reclaimed;
+        self.retries_due += other.retries_due;
+    }
+}

@@ -241,6 +241,12 @@ pub fn watch(
     }
 }
 
+pub fn watch_due(req: proto::WatchDueRequest) -> Result<Scope, Error> {
+    let mut v = Violations::default();
+    v.check("scope", Scope::try_from(req.scope))
+        .ok_or_else(|| v.into_error())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

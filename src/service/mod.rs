@@ -4,8 +4,11 @@
 //! `crate::error`.
 
 mod decode;
+mod due;
 mod encode;
 mod wait;
+
+pub use due::FeedConfig;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -22,6 +25,7 @@ use crate::notify::Hub;
 use crate::proto;
 use crate::proto::coordinator_server::Coordinator;
 use crate::store::Store;
+use crate::sweeper::Sweeper;
 
 /// The Coordinator service, one per server; cheap to share.
 #[derive(Clone)]
@@ -32,11 +36,27 @@ pub struct CoordinatorService {
     policy: Arc<Policy>,
     /// Where waiters hear that a record changed.
     hub: Arc<Hub>,
+    /// What the Sweep RPC runs.
+    sweeper: Sweeper,
+    /// How WatchDue feeds run.
+    feed: FeedConfig,
 }
 
 impl CoordinatorService {
-    pub fn new(store: Store, policy: Arc<Policy>, hub: Arc<Hub>) -> Self {
-        CoordinatorService { store, policy, hub }
+    pub fn new(
+        store: Store,
+        policy: Arc<Policy>,
+        hub: Arc<Hub>,
+        sweeper: Sweeper,
+        feed: FeedConfig,
+    ) -> Self {
+        CoordinatorService {
+            store,
+            policy,
+            hub,
+            sweeper,
+            feed,
+        }
     }
 }
 
@@ -175,16 +195,47 @@ impl Coordinator for CoordinatorService {
 
     async fn watch_due(
         &self,
-        _request: Request<proto::WatchDueRequest>,
+        request: Request<proto::WatchDueRequest>,
     ) -> Result<Response<Self::WatchDueStream>, Status> {
-        Err(Error::Unimplemented("WatchDue").into())
+        let tenant = tenant(&request);
+        let scope = decode::watch_due(request.into_inner())?;
+        let announcements = self.hub.subscribe_due(tenant.clone(), scope.clone());
+        let (records, stream) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(due::feed(
+            self.store.clone(),
+            announcements,
+            tenant,
+            scope,
+            self.feed,
+            records,
+        ));
+        Ok(Response::new(Box::pin(ReceiverStream::new(stream))))
     }
 
     async fn sweep(
         &self,
-        _request: Request<proto::SweepRequest>,
+        request: Request<proto::SweepRequest>,
     ) -> Result<Response<proto::SweepResponse>, Status> {
-        Err(Error::Unimplemented("Sweep").into())
+        let req = request.into_inner();
+        let limit = (req.limit > 0).then_some(u64::from(req.limit));
+        let counts = self
+            .sweeper
+            .sweep(limit, req.dry_run, false)
+            .await
+            .map_err(Error::from)?
+            .unwrap_or_default();
+        tracing::info!(
+            dry_run = req.dry_run,
+            expired_deleted = counts.expired_deleted,
+            leases_reclaimed = counts.leases_reclaimed,
+            retries_due = counts.retries_due,
+            "sweep requested"
+        );
+        Ok(Response::new(proto::SweepResponse {
+            expired_deleted: counts.expired_deleted,
+            leases_reclaimed: counts.leases_reclaimed,
+            retries_due: counts.retries_due,
+        }))
     }
 }
 

@@ -30,6 +30,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "functions",
         sql: include_str!("../../sql/0002_functions.sql"),
     },
+    Migration {
+        version: 3,
+        name: "maintenance",
+        sql: include_str!("../../sql/0003_maintenance.sql"),
+    },
 ];
 
 /// An arbitrary constant naming our advisory lock among any others the

@@ -15,8 +15,8 @@ use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, R
 use tokio_postgres::{NoTls, Row, types::ToSql};
 
 use crate::domain::{
-    AcquireCommand, Acquired, Backoff, CompleteCommand, Decision, ExtendCommand, Lease, Outcome,
-    Record, RecordId, Refusal,
+    AcquireCommand, Acquired, Backoff, CompleteCommand, Decision, DueRecord, ExtendCommand, Lease,
+    Outcome, Record, RecordId, Refusal, Scope, SweepCounts, Tenant,
 };
 
 pub use clock::Clock;
@@ -110,6 +110,10 @@ const EXTEND_LEASE: &str = "SELECT e.outcome, (e.rec).* \
      FROM idempotency_extend_lease($1, $2, $3, $4, $5, $6, $7, $8) e";
 const GET: &str = "SELECT * FROM idempotency_get($1, $2, $3, $4)";
 const WATCH: &str = "SELECT * FROM idempotency_watch($1, $2, $3, $4, $5)";
+const SWEEP_BATCH: &str = "SELECT * FROM idempotency_sweep_batch($1, $2, $3, $4)";
+const COUNT_DUE: &str = "SELECT idempotency_count_due($1)";
+const CLAIM_DUE: &str = "SELECT * FROM idempotency_claim_due($1, $2, $3, $4, $5, $6)";
+const RELEASE_OFFERS: &str = "SELECT idempotency_release_offers($1)";
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -161,6 +165,17 @@ impl Store {
             .timeout_get(&timeouts)
             .await
             .map_err(|e| StoreError::Unavailable(Box::new(e)))
+    }
+
+    async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        wait: Option<Duration>,
+    ) -> Result<Vec<Row>, StoreError> {
+        let client = self.connection(wait).await?;
+        let statement = client.prepare_cached(sql).await?;
+        Ok(client.query(&statement, params).await?)
     }
 
     async fn query_one(
@@ -334,6 +349,91 @@ impl Store {
         let client = self.connection(Some(budget)).await?;
         client.simple_query("SELECT 1").await?;
         Ok(())
+    }
+}
+
+impl Store {
+    /// One short transaction of sweeping (`idempotency_sweep_batch`), at most
+    /// `limit` rows of each kind; `None` when `exclusive` and another replica
+    /// holds the sweeper's lock.
+    pub async fn sweep_batch(
+        &self,
+        limit: u32,
+        dry_run: bool,
+        exclusive: bool,
+    ) -> Result<Option<SweepCounts>, StoreError> {
+        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
+        let row = self
+            .query_one(
+                SWEEP_BATCH,
+                &[&limit, &dry_run, &exclusive, &self.clock.offset_ms()],
+                None,
+            )
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("idempotency_sweep_batch returned no row".into()))?;
+        if !row.try_get::<_, bool>("swept")? {
+            return Ok(None);
+        }
+        let count = |column| {
+            row.try_get::<_, i64>(column)
+                .map(|n| n.max(0).unsigned_abs())
+        };
+        Ok(Some(SweepCounts {
+            expired_deleted: count("expired_deleted")?,
+            leases_reclaimed: count("leases_reclaimed")?,
+            retries_due: 0,
+        }))
+    }
+
+    /// FAILED records whose retry is due, in all tenants.
+    pub async fn count_due(&self) -> Result<u64, StoreError> {
+        let row = self
+            .query_one(COUNT_DUE, &[&self.clock.offset_ms()], None)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("idempotency_count_due returned no row".into()))?;
+        Ok(row.try_get::<_, i64>(0)?.max(0).unsigned_abs())
+    }
+
+    /// Offers up to `limit` due records to `subscriber` for `offer`
+    /// (`idempotency_claim_due`): those of one tenant's scope, or with
+    /// `None` those of every tenant.
+    pub async fn claim_due(
+        &self,
+        scope: Option<(&Tenant, &Scope)>,
+        subscriber: uuid::Uuid,
+        offer: Duration,
+        limit: u32,
+    ) -> Result<Vec<DueRecord>, StoreError> {
+        let (tenant, scope) =
+            scope.map_or((None, None), |(t, s)| (Some(t.as_str()), Some(s.as_str())));
+        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
+        let rows = self
+            .query(
+                CLAIM_DUE,
+                &[
+                    &tenant,
+                    &scope,
+                    &subscriber,
+                    &millis(offer),
+                    &limit,
+                    &self.clock.offset_ms(),
+                ],
+                None,
+            )
+            .await?;
+        rows.iter().map(row::due_record).collect()
+    }
+
+    /// Makes what `subscriber` was offered and did not act on available to
+    /// others at once; returns how many records that was.
+    pub async fn release_offers(&self, subscriber: uuid::Uuid) -> Result<u64, StoreError> {
+        let row = self
+            .query_one(RELEASE_OFFERS, &[&subscriber], None)
+            .await?
+            .ok_or_else(|| {
+                StoreError::Corrupt("idempotency_release_offers returned no row".into())
+            })?;
+        Ok(row.try_get::<_, i64>(0)?.max(0).unsigned_abs())
     }
 }
 

@@ -4,7 +4,9 @@
 use tokio_postgres::Row;
 
 use super::StoreError;
-use crate::domain::{Fingerprint, Lease, LeaseToken, Record, Status, StoredResult};
+use crate::domain::{
+    DueReason, DueRecord, Fingerprint, Lease, LeaseToken, Record, Status, StoredResult, Tenant,
+};
 
 fn count(row: &Row, column: &str) -> Result<u32, StoreError> {
     let value: i32 = row.try_get(column)?;
@@ -55,5 +57,22 @@ pub(super) fn record(row: &Row) -> Result<Record, StoreError> {
             expires_at: lease_expires_at,
             fencing_token,
         },
+    })
+}
+
+/// A claimed due row: PROCESSING (lease run out) or FAILED that no holder
+/// completed (reclaimed by the sweeper) means the holder died; any other
+/// FAILED row failed and its retry came due.
+pub(super) fn due_record(row: &Row) -> Result<DueRecord, StoreError> {
+    let record = record(row)?;
+    let holder_completed = row.try_get::<_, Option<&str>>("lease_outcome")?.is_some();
+    let reason = match record.status {
+        Status::Failed if holder_completed => DueReason::RetryDue,
+        _ => DueReason::LeaseExpired,
+    };
+    Ok(DueRecord {
+        tenant: Tenant::new(row.try_get::<_, String>("tenant")?),
+        record,
+        reason,
     })
 }

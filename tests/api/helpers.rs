@@ -164,6 +164,11 @@ impl Drop for TestServer {
 pub async fn start_server(config: ServeConfig) -> TestServer {
     init_tracing();
     let app = Application::build(config).await.expect("build the server");
+    run_app(app).await
+}
+
+/// Runs a built server in the background until the returned handle stops it.
+pub async fn run_app(app: Application) -> TestServer {
     let addr = app.local_addr();
     let clock = app.clock();
     let hub = app.hub();
@@ -516,4 +521,119 @@ pub async fn complete_ok(
         .into_inner()
         .record
         .expect("record")
+}
+
+/// A server with the background sweeper off, so tests drive Sweep alone.
+pub async fn spawn_app_without_sweeper() -> TestApp {
+    spawn_app_with(|c| c.sweep_interval = Duration::ZERO).await
+}
+
+/// Records in the database right now, by status.
+pub async fn statuses(db: &TestDatabase) -> Vec<(String, String)> {
+    db.connect()
+        .await
+        .query(
+            "SELECT idempotency_key, status FROM idempotency_keys ORDER BY idempotency_key",
+            &[],
+        )
+        .await
+        .expect("read statuses")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+pub fn sweep_req(dry_run: bool, limit: u32) -> proto::SweepRequest {
+    proto::SweepRequest { dry_run, limit }
+}
+
+/// A server and its background sweeper's totals.
+pub struct TotalsServer {
+    pub server: TestServer,
+    pub totals: Arc<idempotency_coordinator::sweeper::SweepTotals>,
+}
+
+pub async fn start_server_with_totals(config: ServeConfig) -> TotalsServer {
+    init_tracing();
+    let app = Application::build(config).await.expect("build the server");
+    let totals = app.sweep_totals();
+    TotalsServer {
+        server: run_app(app).await,
+        totals,
+    }
+}
+
+/// How the test webhook answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WebhookMode {
+    Ok,
+    Fail,
+    Hang,
+}
+
+/// A minimal HTTP/1.1 server on 127.0.0.1 that records each request body.
+pub struct TestWebhook {
+    pub url: String,
+    pub bodies: tokio::sync::mpsc::UnboundedReceiver<serde_json::Value>,
+}
+
+impl TestWebhook {
+    pub async fn start(mode: WebhookMode) -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/recover", listener.local_addr().unwrap());
+        let (tx, bodies) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let mut buffer = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        let Ok(n) = socket.read(&mut chunk).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        buffer.extend_from_slice(&chunk[..n]);
+                        let text = String::from_utf8_lossy(&buffer).to_string();
+                        let Some(end) = text.find("\r\n\r\n") else {
+                            continue;
+                        };
+                        let length = text[..end]
+                            .lines()
+                            .find_map(|l| {
+                                let (name, value) = l.split_once(':')?;
+                                name.eq_ignore_ascii_case("content-length")
+                                    .then(|| value.trim().parse::<usize>().ok())?
+                            })
+                            .unwrap_or(0);
+                        if buffer.len() < end + 4 + length {
+                            continue;
+                        }
+                        let body = &buffer[end + 4..end + 4 + length];
+                        if let Ok(json) = serde_json::from_slice(body) {
+                            let _ = tx.send(json);
+                        }
+                        match mode {
+                            WebhookMode::Hang => {
+                                tokio::time::sleep(Duration::from_secs(3600)).await;
+                            }
+                            WebhookMode::Fail => {
+                                let _ = socket
+                                    .write_all(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\n\r\n")
+                                    .await;
+                            }
+                            WebhookMode::Ok => {
+                                let _ = socket.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await;
+                            }
+                        }
+                        buffer.clear();
+                    }
+                });
+            }
+        });
+        TestWebhook { url, bodies }
+    }
 }

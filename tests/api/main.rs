@@ -4,6 +4,7 @@
 mod acquire;
 mod complete;
 mod concurrency;
+mod due;
 mod extend_lease;
 mod get;
 mod grpcurl;
@@ -11,6 +12,8 @@ mod health;
 mod helpers;
 mod migrations;
 mod replicas;
+mod sweep;
 mod validation;
 mod waiting;
 mod watch;
+mod webhook;

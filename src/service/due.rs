@@ -1,0 +1,111 @@
+//! WatchDue, the recovery feed: due records of one tenant's scope, each
+//! offered to one subscriber at a time across all replicas (the offer is
+//! claimed in the database), offered again when the offer runs out without a
+//! new lease. When a subscriber goes away, whatever it was offered and did
+//! not act on is released for others at once.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tonic::Status;
+
+use crate::domain::{DueReason, DueRecord, Scope, Tenant};
+use crate::error::{Error, cause_chain};
+use crate::notify::DueSubscription;
+use crate::proto;
+use crate::store::{Store, StoreError};
+
+use super::encode;
+
+/// Records claimed at most at once; claims never run ahead of what the
+/// subscriber has taken, beyond its stream's small buffer.
+const MAX_CLAIM: usize = 16;
+
+/// How the feed runs, from configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct FeedConfig {
+    /// How long an offered record is not offered to anyone else.
+    pub offer: Duration,
+    /// How often an idle feed looks for newly due records (retries come due
+    /// with the passing of time, which no notification announces).
+    pub poll: Duration,
+}
+
+fn due_record(due: DueRecord) -> proto::DueRecord {
+    proto::DueRecord {
+        record: Some(encode::record(due.record)),
+        reason: match due.reason {
+            DueReason::RetryDue => proto::DueReason::RetryDue,
+            DueReason::LeaseExpired => proto::DueReason::LeaseExpired,
+        }
+        .into(),
+    }
+}
+
+/// Feeds one subscriber until it goes away.
+pub async fn feed(
+    store: Store,
+    mut announcements: DueSubscription,
+    tenant: Tenant,
+    scope: Scope,
+    config: FeedConfig,
+    records: mpsc::Sender<Result<proto::DueRecord, Status>>,
+) {
+    let subscriber = uuid::Uuid::new_v4();
+    loop {
+        if records.capacity() == 0 {
+            // The subscriber is behind: claim nothing until it takes a record.
+            tokio::select! {
+                _ = records.closed() => break,
+                permit = records.reserve() => drop(permit),
+            }
+        }
+        let room = records.capacity().clamp(1, MAX_CLAIM);
+        let claimed = store
+            .claim_due(
+                Some((&tenant, &scope)),
+                subscriber,
+                config.offer,
+                u32::try_from(room).unwrap_or(1),
+            )
+            .await;
+        let got = match claimed {
+            Ok(claimed) => {
+                let got = claimed.len();
+                for due in claimed {
+                    if records.send(Ok(due_record(due))).await.is_err() {
+                        break;
+                    }
+                }
+                got
+            }
+            Err(StoreError::Unavailable(e)) => {
+                tracing::debug!(error = %cause_chain(e.as_ref()), "due feed: database unavailable; asking again");
+                0
+            }
+            Err(e) => {
+                let _ = records.send(Err(Error::from(e).into())).await;
+                break;
+            }
+        };
+        if records.is_closed() {
+            break;
+        }
+        if got < room {
+            // Nothing more due now: wait for the sweeper's announcement or
+            // for time to bring retries due.
+            tokio::select! {
+                _ = records.closed() => break,
+                _ = announcements.announced() => {}
+                _ = tokio::time::sleep(config.poll) => {}
+            }
+        }
+    }
+    match store.release_offers(subscriber).await {
+        Ok(0) => {}
+        Ok(n) => tracing::debug!(released = n, "due feed closed; offers released"),
+        Err(e) => {
+            tracing::warn!(error = %cause_chain(&e), "due feed closed; offers expire on their own")
+        }
+    }
+}

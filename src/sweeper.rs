@@ -1,0 +1,137 @@
+//! Maintenance: deleting expired records and reclaiming dead leases, in
+//! small batches of short transactions (`idempotency_sweep_batch`), so that
+//! sweeping a million records never blocks Acquire for long nor builds one
+//! huge transaction. The same code serves the `Sweep` RPC and the background
+//! sweeper; the background one runs on one replica at a time (it skips a
+//! round when another replica holds the sweeper's lock).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::MissedTickBehavior;
+
+use crate::domain::SweepCounts;
+use crate::error::cause_chain;
+use crate::recovery::Webhook;
+use crate::store::{Store, StoreError};
+
+/// Sweeps in batches through one store.
+#[derive(Clone)]
+pub struct Sweeper {
+    /// Where the sweeping happens.
+    store: Store,
+    /// Rows of each kind per transaction: small enough that a batch holds
+    /// its row locks for milliseconds.
+    batch: u32,
+}
+
+impl Sweeper {
+    pub fn new(store: Store, batch: u32) -> Self {
+        Sweeper {
+            store,
+            batch: batch.max(1),
+        }
+    }
+
+    /// Sweeps up to `limit` records of each kind (`None`: until nothing is
+    /// left), batch by batch. With `exclusive`, gives up (returning `None`)
+    /// when another replica is sweeping. A dry run only counts.
+    pub async fn sweep(
+        &self,
+        limit: Option<u64>,
+        dry_run: bool,
+        exclusive: bool,
+    ) -> Result<Option<SweepCounts>, StoreError> {
+        let limit = limit.unwrap_or(u64::MAX);
+        let mut total = SweepCounts::default();
+        if dry_run {
+            let n = u32::try_from(limit).unwrap_or(u32::MAX);
+            let Some(counts) = self.store.sweep_batch(n, true, exclusive).await? else {
+                return Ok(None);
+            };
+            total += counts;
+        } else {
+            loop {
+                let done = total.expired_deleted.max(total.leases_reclaimed);
+                let n = u32::try_from(limit.saturating_sub(done))
+                    .unwrap_or(u32::MAX)
+                    .min(self.batch);
+                if n == 0 {
+                    break;
+                }
+                let Some(counts) = self.store.sweep_batch(n, false, exclusive).await? else {
+                    if done == 0 {
+                        return Ok(None);
+                    }
+                    break; // another replica took over between batches
+                };
+                total += counts;
+                let n = u64::from(n);
+                if counts.expired_deleted < n && counts.leases_reclaimed < n {
+                    break; // nothing more of either kind
+                }
+            }
+        }
+        total.retries_due = self.store.count_due().await?;
+        Ok(Some(total))
+    }
+}
+
+/// What the background sweeper has done since the process started.
+#[derive(Debug, Default)]
+pub struct SweepTotals {
+    /// Rounds in which this replica swept (not skipped).
+    pub rounds: AtomicU64,
+    pub expired_deleted: AtomicU64,
+    pub leases_reclaimed: AtomicU64,
+}
+
+impl SweepTotals {
+    fn add(&self, counts: &SweepCounts) {
+        self.rounds.fetch_add(1, Ordering::Relaxed);
+        self.expired_deleted
+            .fetch_add(counts.expired_deleted, Ordering::Relaxed);
+        self.leases_reclaimed
+            .fetch_add(counts.leases_reclaimed, Ordering::Relaxed);
+    }
+}
+
+/// Sweeps every `interval` until the server stops (it aborts this task),
+/// then offers due records to the recovery webhook if there is one.
+pub async fn run(
+    sweeper: Sweeper,
+    interval: Duration,
+    totals: Arc<SweepTotals>,
+    webhook: Option<Webhook>,
+) {
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let started = tokio::time::Instant::now();
+        match sweeper.sweep(None, false, true).await {
+            Ok(Some(counts)) => {
+                totals.add(&counts);
+                if counts.expired_deleted + counts.leases_reclaimed > 0 {
+                    tracing::info!(
+                        expired_deleted = counts.expired_deleted,
+                        leases_reclaimed = counts.leases_reclaimed,
+                        retries_due = counts.retries_due,
+                        took = ?started.elapsed(),
+                        "swept"
+                    );
+                } else {
+                    tracing::debug!(retries_due = counts.retries_due, "swept: nothing to do");
+                }
+            }
+            Ok(None) => tracing::debug!("another replica is sweeping"),
+            Err(e) => {
+                tracing::warn!(error = %cause_chain(&e), "sweep failed; trying again next round")
+            }
+        }
+        if let Some(webhook) = &webhook {
+            webhook.offer_due(&sweeper.store).await;
+        }
+    }
+}
