@@ -12,7 +12,10 @@
 //! - `cycle-beside-waiters`: the same while `--waiters` calls wait on other
 //!   keys, so the listener, the fan-out and watched records are all busy;
 //! - `wait`: `--waiters` calls wait on one key, one Complete releases them
-//!   all; reports the delay from that Complete to the last answer.
+//!   all; reports the delay from that Complete to the last answer;
+//! - `sweep`: puts `--expired` expired records straight into the database
+//!   (`--database-url`), then runs `cycle` while one Sweep call deletes them;
+//!   reports the sweep's duration and the slowest client call meanwhile.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,6 +50,12 @@ struct Args {
     /// Waiting calls in `cycle-beside-waiters` and `wait`.
     #[arg(long, default_value_t = 1000)]
     waiters: usize,
+    /// Expired records the `sweep` scenario sweeps.
+    #[arg(long, default_value_t = 100_000)]
+    expired: u32,
+    /// The server's database, for scenarios that prepare data in it.
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -54,6 +63,7 @@ enum Scenario {
     Cycle,
     CycleBesideWaiters,
     Wait,
+    Sweep,
 }
 
 type Client = CoordinatorClient<Channel>;
@@ -117,20 +127,34 @@ struct CycleStats {
     elapsed: Duration,
     cycle: Histogram<u64>,
     acquire: Histogram<u64>,
+    complete: Histogram<u64>,
 }
 
 /// Acquire + Complete on fresh keys, `clients` at a time, for `duration`.
 async fn cycles(clients: &[Client], n: usize, duration: Duration, run: &str) -> CycleStats {
+    cycles_until(clients, n, duration, Arc::new(AtomicBool::new(false)), run).await
+}
+
+/// Like [`cycles`], ending early when `stop` is set.
+async fn cycles_until(
+    clients: &[Client],
+    n: usize,
+    duration: Duration,
+    stop: Arc<AtomicBool>,
+    run: &str,
+) -> CycleStats {
     let start = Instant::now();
     let end = start + duration;
     let tasks: Vec<_> = (0..n)
         .map(|i| {
             let mut client = clients[i % clients.len()].clone();
             let run = run.to_owned();
+            let stop = Arc::clone(&stop);
             tokio::spawn(async move {
-                let (mut cycle, mut acquire_h) = (histogram(), histogram());
+                let (mut cycle, mut acquire_h, mut complete_h) =
+                    (histogram(), histogram(), histogram());
                 let mut count = 0u64;
-                while Instant::now() < end {
+                while Instant::now() < end && !stop.load(Ordering::Relaxed) {
                     let key = format!("{run}-{i}-{count}");
                     let t0 = Instant::now();
                     let granted = client
@@ -147,10 +171,11 @@ async fn cycles(clients: &[Client], n: usize, duration: Duration, run: &str) -> 
                         .expect("complete");
                     let t2 = Instant::now();
                     acquire_h.saturating_record((t1 - t0).as_micros() as u64);
+                    complete_h.saturating_record((t2 - t1).as_micros() as u64);
                     cycle.saturating_record((t2 - t0).as_micros() as u64);
                     count += 1;
                 }
-                (count, cycle, acquire_h)
+                (count, cycle, acquire_h, complete_h)
             })
         })
         .collect();
@@ -159,12 +184,14 @@ async fn cycles(clients: &[Client], n: usize, duration: Duration, run: &str) -> 
         elapsed: Duration::ZERO,
         cycle: histogram(),
         acquire: histogram(),
+        complete: histogram(),
     };
     for task in tasks {
-        let (count, cycle, acquire_h) = task.await.expect("client task");
+        let (count, cycle, acquire_h, complete_h) = task.await.expect("client task");
         stats.cycles += count;
         stats.cycle.add(cycle).expect("same bounds");
         stats.acquire.add(acquire_h).expect("same bounds");
+        stats.complete.add(complete_h).expect("same bounds");
     }
     stats.elapsed = start.elapsed();
     stats
@@ -332,6 +359,83 @@ async fn wait_release(args: &Args, clients: &[Client], run: &str) {
     );
 }
 
+/// Expired SUCCEEDED records, written straight into the server's table (the
+/// fastest way to make many; the coordinator never writes expired rows).
+const INSERT_EXPIRED: &str = "
+    INSERT INTO idempotency_keys (
+        tenant, scope, idempotency_key, status, fingerprint, attempt_count, max_attempts,
+        retention, lease_token, lease_request_id, fencing_token,
+        created_at, updated_at, completed_at, expires_at)
+    SELECT 'default', 'bench.expired', $1 || '-' || i, 'SUCCEEDED', '', 1, 10,
+           interval '1 minute', gen_random_uuid(), '', 1,
+           now() - interval '2 hours', now() - interval '2 hours',
+           now() - interval '2 hours', now() - interval '1 hour'
+      FROM generate_series(1, $2::integer) AS i";
+
+async fn sweep_under_load(args: &Args, clients: &[Client], run: &str) {
+    let url = args
+        .database_url
+        .as_deref()
+        .expect("the sweep scenario needs --database-url (or DATABASE_URL)");
+    let (db, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the database");
+    tokio::spawn(connection);
+    let expired = i32::try_from(args.expired).unwrap_or(i32::MAX);
+    let inserted = db
+        .execute(INSERT_EXPIRED, &[&run, &expired])
+        .await
+        .expect("insert expired records");
+    println!("sweep: {inserted} expired records in place; sweeping them under load");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = {
+        let clients = clients.to_vec();
+        let stop = Arc::clone(&stop);
+        let run = format!("{run}-load");
+        let n = args.clients;
+        tokio::spawn(async move {
+            cycles_until(&clients, n, Duration::from_secs(3600), stop, &run).await
+        })
+    };
+    // Let the load settle before the sweep starts.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut sweeper = clients[0].clone();
+    let started = Instant::now();
+    let swept = sweeper
+        .sweep(idempotency_coordinator::proto::SweepRequest {
+            dry_run: false,
+            limit: 0,
+        })
+        .await
+        .expect("sweep")
+        .into_inner();
+    let took = started.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    let stats = load.await.expect("load task");
+    let worst_ms = stats.acquire.max().max(stats.complete.max()) as f64 / 1000.0;
+    println!(
+        "sweep: deleted {} in {:.2} s; meanwhile {} clients ran {:.0} cycles/s, slowest call {:.1} ms, acquire p99 {:.2} ms",
+        swept.expired_deleted,
+        took.as_secs_f64(),
+        args.clients,
+        stats.cycles as f64 / stats.elapsed.as_secs_f64(),
+        worst_ms,
+        ms(&stats.acquire, 0.99),
+    );
+    println!(
+        "RESULT scenario=sweep expired={} deleted={} sweep_s={:.2} clients={} ops_per_s={:.0} worst_call_ms={:.1} acquire_p99_ms={:.2} complete_p99_ms={:.2}",
+        args.expired,
+        swept.expired_deleted,
+        took.as_secs_f64(),
+        args.clients,
+        stats.cycles as f64 / stats.elapsed.as_secs_f64(),
+        worst_ms,
+        ms(&stats.acquire, 0.99),
+        ms(&stats.complete, 0.99),
+    );
+}
+
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
@@ -371,6 +475,7 @@ async fn main() {
                 }
             }
             Scenario::Wait => wait_release(&args, &clients, &run).await,
+            Scenario::Sweep => sweep_under_load(&args, &clients, &run).await,
         }
     }
 }
