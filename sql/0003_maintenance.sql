@@ -13,7 +13,8 @@ CREATE INDEX idempotency_keys_offered_to ON idempotency_keys (offered_to)
     WHERE offered_to IS NOT NULL;
 
 -- idempotency_sweep_batch: one short transaction of sweeping, at most
--- p_limit rows of each kind.
+-- p_limit rows of each kind, of tenant p_tenant (NULL: every tenant, for the
+-- background sweeper).
 --
 -- 1. Rows past expires_at are deleted.
 -- 2. PROCESSING rows whose lease ran out become FAILED, due now (the
@@ -29,6 +30,7 @@ CREATE INDEX idempotency_keys_offered_to ON idempotency_keys (offered_to)
 -- pooled connections): one replica sweeps at a time, the others skip.
 -- p_dry_run counts what would be done and changes nothing.
 CREATE FUNCTION idempotency_sweep_batch(
+    p_tenant          text,
     p_limit           integer,
     p_dry_run         boolean,
     p_exclusive       boolean,
@@ -52,11 +54,13 @@ BEGIN
 
     IF p_dry_run THEN
         SELECT count(*) INTO expired_deleted FROM (
-            SELECT 1 FROM idempotency_keys k WHERE k.expires_at <= v_now LIMIT p_limit) x;
+            SELECT 1 FROM idempotency_keys k
+             WHERE k.expires_at <= v_now AND (p_tenant IS NULL OR k.tenant = p_tenant)
+             LIMIT p_limit) x;
         SELECT count(*) INTO leases_reclaimed FROM (
             SELECT 1 FROM idempotency_keys k
              WHERE k.status = 'PROCESSING' AND k.lease_expires_at <= v_now
-               AND k.expires_at > v_now
+               AND k.expires_at > v_now AND (p_tenant IS NULL OR k.tenant = p_tenant)
              LIMIT p_limit) x;
         RETURN NEXT;
         RETURN;
@@ -64,7 +68,7 @@ BEGIN
 
     WITH victims AS (
         SELECT k.tenant, k.scope, k.idempotency_key FROM idempotency_keys k
-         WHERE k.expires_at <= v_now
+         WHERE k.expires_at <= v_now AND (p_tenant IS NULL OR k.tenant = p_tenant)
          ORDER BY k.expires_at
          LIMIT p_limit
            FOR UPDATE SKIP LOCKED
@@ -77,7 +81,7 @@ BEGIN
         WITH dead AS (
             SELECT k.tenant, k.scope, k.idempotency_key FROM idempotency_keys k
              WHERE k.status = 'PROCESSING' AND k.lease_expires_at <= v_now
-               AND k.expires_at > v_now
+               AND k.expires_at > v_now AND (p_tenant IS NULL OR k.tenant = p_tenant)
              ORDER BY k.lease_expires_at
              LIMIT p_limit
                FOR UPDATE SKIP LOCKED
@@ -114,12 +118,13 @@ BEGIN
 END;
 $$;
 
--- idempotency_count_due: FAILED rows whose retry is due (for Sweep's report).
-CREATE FUNCTION idempotency_count_due(p_clock_offset_ms bigint)
+-- idempotency_count_due: FAILED rows of p_tenant (NULL: every tenant) whose
+-- retry is due (for Sweep's report).
+CREATE FUNCTION idempotency_count_due(p_tenant text, p_clock_offset_ms bigint)
 RETURNS bigint
 LANGUAGE sql STABLE AS $$
     SELECT count(*) FROM idempotency_keys k
-     WHERE k.status = 'FAILED'
+     WHERE k.status = 'FAILED' AND (p_tenant IS NULL OR k.tenant = p_tenant)
        AND k.next_retry_at <= clock_timestamp() + p_clock_offset_ms * interval '1 millisecond'
        AND k.expires_at > clock_timestamp() + p_clock_offset_ms * interval '1 millisecond'
 $$;

@@ -3,6 +3,7 @@
 //! the constants below.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -85,6 +86,12 @@ pub struct ServeArgs {
     /// UNAVAILABLE (never longer than the call's own deadline).
     #[arg(long, env = "IDEMPOTENCY_CONNECT_WAIT", default_value_t = hd(DEFAULT_CONNECT_WAIT))]
     pub connect_wait: humantime::Duration,
+
+    /// Require bearer tokens: a file of `<token or sha256:HEX> <tenant>
+    /// [admin]` lines (`#` comments), read again on SIGHUP. Without it every
+    /// caller is one default tenant.
+    #[arg(long, env = "IDEMPOTENCY_AUTH_TOKENS")]
+    pub auth_tokens: Option<PathBuf>,
 
     /// Do not apply pending migrations at start (run `migrate` separately).
     #[arg(long, env = "IDEMPOTENCY_SKIP_MIGRATIONS")]
@@ -195,6 +202,8 @@ pub struct ServeConfig {
     pub sweep_batch: u32,
     pub feed: FeedConfig,
     pub webhook: Option<WebhookConfig>,
+    /// The credentials file; `None`: authentication off.
+    pub auth_tokens: Option<PathBuf>,
 }
 
 impl ServeConfig {
@@ -218,6 +227,7 @@ impl ServeConfig {
                 poll: DEFAULT_DUE_POLL,
             },
             webhook: None,
+            auth_tokens: None,
         }
     }
 }
@@ -263,6 +273,7 @@ impl From<ServeArgs> for ServeConfig {
                 attempts: a.recovery_webhook_attempts,
                 offer: a.due_offer_interval.into(),
             }),
+            auth_tokens: a.auth_tokens,
         }
     }
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
+use crate::auth::AuthError;
 use crate::domain::Refusal;
 use crate::store::StoreError;
 
@@ -40,8 +41,12 @@ pub enum Error {
     Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("internal error")]
     Internal(#[source] Box<dyn std::error::Error + Send + Sync>),
-    #[error("{0} is not implemented by this server version")]
-    Unimplemented(&'static str),
+    #[error(transparent)]
+    Unauthenticated(#[from] AuthError),
+    #[error("{0}")]
+    PermissionDenied(&'static str),
+    #[error("{0}")]
+    ResourceExhausted(&'static str),
 }
 
 fn describe(violations: &[Violation]) -> String {
@@ -114,11 +119,23 @@ impl From<Error> for Status {
                 tracing::error!(error = %cause_chain(source.as_ref()), "internal error");
                 status(Code::Internal, "INTERNAL", message, ErrorDetails::new())
             }
-            Error::Unimplemented(_) => status(
-                Code::Unimplemented,
-                "UNIMPLEMENTED",
+            Error::Unauthenticated(_) => status(
+                Code::Unauthenticated,
+                "UNAUTHENTICATED",
                 message,
                 ErrorDetails::new(),
+            ),
+            Error::PermissionDenied(_) => status(
+                Code::PermissionDenied,
+                "PERMISSION_DENIED",
+                message,
+                ErrorDetails::new(),
+            ),
+            Error::ResourceExhausted(_) => status(
+                Code::ResourceExhausted,
+                "RESOURCE_EXHAUSTED",
+                message,
+                ErrorDetails::with_retry_info(Some(UNAVAILABLE_RETRY_DELAY)),
             ),
         }
     }

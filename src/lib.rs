@@ -22,6 +22,8 @@
 //!   leases reclaimed, in small batches, one replica at a time.
 //! - [`recovery`]: the recovery webhook that POSTs due records (the feed's
 //!   stream form, WatchDue, lives in `service::due`).
+//! - [`auth`]: who the caller is (bearer tokens to tenant and admin); the
+//!   only source of a request's tenant.
 //! - [`config`]: flags with environment fallbacks, defaults in one place.
 //! - [`startup`]: builds the server (Coordinator, health, reflection) exactly
 //!   as production and tests run it.
@@ -33,6 +35,7 @@
 //! Dependencies point one way: `service` uses `domain`, `store` and `error`;
 //! `store` uses `domain` only; `domain` uses nothing of ours.
 
+pub mod auth;
 pub mod config;
 pub mod domain;
 pub mod error;

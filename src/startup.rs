@@ -10,6 +10,7 @@ use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 
+use crate::auth::{Authenticator, CredentialsError};
 use crate::config::ServeConfig;
 use crate::error::cause_chain;
 use crate::notify::{self, Hub};
@@ -32,6 +33,8 @@ pub enum StartupError {
     Config(String),
     #[error("cannot reach the database to migrate it")]
     Database(#[source] StoreError),
+    #[error("cannot read the credentials file")]
+    Credentials(#[from] CredentialsError),
     #[error("cannot migrate the database")]
     Migrate(#[from] migrate::MigrateError),
     #[error("cannot listen on {addr}")]
@@ -73,6 +76,8 @@ pub struct Application {
     hub: Arc<Hub>,
     /// What the background sweeper has done.
     sweep_totals: Arc<SweepTotals>,
+    /// Who callers are.
+    auth: Arc<Authenticator>,
 }
 
 impl Application {
@@ -86,6 +91,7 @@ impl Application {
                 webhook.url.scheme()
             )));
         }
+        let auth = Arc::new(Authenticator::new(config.auth_tokens.clone())?);
         let store = Store::new(&config.store, Clock::default()).map_err(StartupError::Database)?;
         if config.run_migrations {
             run_migrations(&store).await?;
@@ -103,6 +109,7 @@ impl Application {
             config,
             hub: Hub::new(),
             sweep_totals: Arc::default(),
+            auth,
         })
     }
 
@@ -123,6 +130,11 @@ impl Application {
         Arc::clone(&self.hub)
     }
 
+    /// Reads the credentials file again, as SIGHUP does.
+    pub fn reload_handle(&self) -> Arc<Authenticator> {
+        Arc::clone(&self.auth)
+    }
+
     /// What the background sweeper of this process has done so far.
     pub fn sweep_totals(&self) -> Arc<SweepTotals> {
         Arc::clone(&self.sweep_totals)
@@ -138,7 +150,16 @@ impl Application {
             config,
             hub,
             sweep_totals,
+            auth,
         } = self;
+        if auth.is_on() {
+            tracing::info!("authentication on: bearer tokens required");
+        } else {
+            tracing::warn!(
+                "authentication is off: every caller is the one default tenant and may Sweep; pass --auth-tokens to require tokens"
+            );
+        }
+        let reloading = tokio::spawn(reload_on_hangup(Arc::clone(&auth)));
         let addr = listener.local_addr().map_err(|source| StartupError::Bind {
             addr: config.listen,
             source,
@@ -188,6 +209,7 @@ impl Application {
             hub,
             sweeper,
             config.feed,
+            auth,
         ))
         .max_decoding_message_size(
             (config.policy.max_result_bytes + REQUEST_OVERHEAD_BYTES).max(MIN_DECODING_LIMIT_BYTES),
@@ -197,6 +219,7 @@ impl Application {
         let drain = async move {
             shutdown.await;
             listener_task.abort();
+            reloading.abort();
             if let Some(sweeping) = &sweeping {
                 sweeping.abort();
             }
@@ -227,4 +250,28 @@ impl Application {
         tracing::info!("stopped");
         Ok(())
     }
+}
+
+/// Reads the credentials again on every SIGHUP, without touching
+/// connections; a bad file leaves the old credentials in force.
+async fn reload_on_hangup(auth: Arc<Authenticator>) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+            tracing::warn!("cannot listen for SIGHUP; credentials are not reloaded");
+            return;
+        };
+        while hangups.recv().await.is_some() {
+            match auth.reload() {
+                Ok(n) => tracing::info!(credentials = n, "credentials reloaded"),
+                Err(e) => tracing::error!(
+                    error = %cause_chain(&e),
+                    "credentials not reloaded; the previous ones stay in force"
+                ),
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    std::future::pending::<()>().await;
 }

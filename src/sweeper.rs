@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::time::MissedTickBehavior;
 
-use crate::domain::SweepCounts;
+use crate::domain::{SweepCounts, Tenant};
 use crate::error::cause_chain;
 use crate::recovery::Webhook;
 use crate::store::{Store, StoreError};
@@ -35,10 +35,12 @@ impl Sweeper {
     }
 
     /// Sweeps up to `limit` records of each kind (`None`: until nothing is
-    /// left), batch by batch. With `exclusive`, gives up (returning `None`)
-    /// when another replica is sweeping. A dry run only counts.
+    /// left) of one tenant (`None`: all), batch by batch. With `exclusive`,
+    /// gives up (returning `None`) when another replica is sweeping. A dry
+    /// run only counts.
     pub async fn sweep(
         &self,
+        tenant: Option<&Tenant>,
         limit: Option<u64>,
         dry_run: bool,
         exclusive: bool,
@@ -47,7 +49,7 @@ impl Sweeper {
         let mut total = SweepCounts::default();
         if dry_run {
             let n = u32::try_from(limit).unwrap_or(u32::MAX);
-            let Some(counts) = self.store.sweep_batch(n, true, exclusive).await? else {
+            let Some(counts) = self.store.sweep_batch(tenant, n, true, exclusive).await? else {
                 return Ok(None);
             };
             total += counts;
@@ -60,7 +62,8 @@ impl Sweeper {
                 if n == 0 {
                     break;
                 }
-                let Some(counts) = self.store.sweep_batch(n, false, exclusive).await? else {
+                let Some(counts) = self.store.sweep_batch(tenant, n, false, exclusive).await?
+                else {
                     if done == 0 {
                         return Ok(None);
                     }
@@ -73,7 +76,7 @@ impl Sweeper {
                 }
             }
         }
-        total.retries_due = self.store.count_due().await?;
+        total.retries_due = self.store.count_due(tenant).await?;
         Ok(Some(total))
     }
 }
@@ -110,7 +113,7 @@ pub async fn run(
     loop {
         ticks.tick().await;
         let started = tokio::time::Instant::now();
-        match sweeper.sweep(None, false, true).await {
+        match sweeper.sweep(None, None, false, true).await {
             Ok(Some(counts)) => {
                 totals.add(&counts);
                 if counts.expired_deleted + counts.leases_reclaimed > 0 {

@@ -19,7 +19,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
-use crate::domain::{Policy, Tenant};
+use crate::auth::{Authenticator, Caller};
+use crate::domain::Policy;
 use crate::error::Error;
 use crate::notify::Hub;
 use crate::proto;
@@ -40,6 +41,8 @@ pub struct CoordinatorService {
     sweeper: Sweeper,
     /// How WatchDue feeds run.
     feed: FeedConfig,
+    /// Who the caller is; the only source of the tenant.
+    auth: Arc<Authenticator>,
 }
 
 impl CoordinatorService {
@@ -49,6 +52,7 @@ impl CoordinatorService {
         hub: Arc<Hub>,
         sweeper: Sweeper,
         feed: FeedConfig,
+        auth: Arc<Authenticator>,
     ) -> Self {
         CoordinatorService {
             store,
@@ -56,14 +60,14 @@ impl CoordinatorService {
             hub,
             sweeper,
             feed,
+            auth,
         }
     }
-}
 
-/// The caller's tenant. Authentication is not in this server yet, so every
-/// caller is the default tenant.
-fn tenant<T>(_request: &Request<T>) -> Tenant {
-    Tenant::default_tenant()
+    /// The authenticated caller of `request`.
+    fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Error> {
+        Ok(self.auth.caller(request.metadata())?)
+    }
 }
 
 /// How long the caller is prepared to wait, from its `grpc-timeout` header
@@ -101,7 +105,11 @@ impl Coordinator for CoordinatorService {
         request: Request<proto::AcquireRequest>,
     ) -> Result<Response<proto::AcquireResponse>, Status> {
         let budget = call_budget(request.metadata());
-        let cmd = decode::acquire(tenant(&request), request.into_inner(), &self.policy)?;
+        let cmd = decode::acquire(
+            self.caller(&request)?.tenant,
+            request.into_inner(),
+            &self.policy,
+        )?;
         let window = wait::window(cmd.wait, budget);
         let acquired = if window.is_zero() {
             self.store
@@ -121,7 +129,11 @@ impl Coordinator for CoordinatorService {
         request: Request<proto::CompleteRequest>,
     ) -> Result<Response<proto::CompleteResponse>, Status> {
         let budget = call_budget(request.metadata());
-        let cmd = decode::complete(tenant(&request), request.into_inner(), &self.policy)?;
+        let cmd = decode::complete(
+            self.caller(&request)?.tenant,
+            request.into_inner(),
+            &self.policy,
+        )?;
         let record = self
             .store
             .complete(&cmd, self.policy.backoff, self.connect_wait(budget))
@@ -137,7 +149,11 @@ impl Coordinator for CoordinatorService {
         request: Request<proto::ExtendLeaseRequest>,
     ) -> Result<Response<proto::ExtendLeaseResponse>, Status> {
         let budget = call_budget(request.metadata());
-        let cmd = decode::extend_lease(tenant(&request), request.into_inner(), &self.policy)?;
+        let cmd = decode::extend_lease(
+            self.caller(&request)?.tenant,
+            request.into_inner(),
+            &self.policy,
+        )?;
         let lease = self
             .store
             .extend_lease(&cmd, self.policy.max_lease_ttl, self.connect_wait(budget))
@@ -153,7 +169,7 @@ impl Coordinator for CoordinatorService {
         request: Request<proto::GetRequest>,
     ) -> Result<Response<proto::GetResponse>, Status> {
         let budget = call_budget(request.metadata());
-        let id = decode::get(tenant(&request), request.into_inner())?;
+        let id = decode::get(self.caller(&request)?.tenant, request.into_inner())?;
         let record = self
             .store
             .get(&id, self.connect_wait(budget))
@@ -171,7 +187,11 @@ impl Coordinator for CoordinatorService {
         request: Request<proto::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let budget = call_budget(request.metadata());
-        let (id, asked) = decode::watch(tenant(&request), request.into_inner(), &self.policy)?;
+        let (id, asked) = decode::watch(
+            self.caller(&request)?.tenant,
+            request.into_inner(),
+            &self.policy,
+        )?;
         let window = wait::window(asked, budget);
         let subscription = self.hub.subscribe(id.clone());
         let first = self
@@ -197,7 +217,7 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<proto::WatchDueRequest>,
     ) -> Result<Response<Self::WatchDueStream>, Status> {
-        let tenant = tenant(&request);
+        let tenant = self.caller(&request)?.tenant;
         let scope = decode::watch_due(request.into_inner())?;
         let announcements = self.hub.subscribe_due(tenant.clone(), scope.clone());
         let (records, stream) = tokio::sync::mpsc::channel(4);
@@ -216,11 +236,17 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<proto::SweepRequest>,
     ) -> Result<Response<proto::SweepResponse>, Status> {
+        let caller = self.caller(&request)?;
+        if !caller.admin {
+            return Err(Error::PermissionDenied("Sweep needs an admin credential").into());
+        }
         let req = request.into_inner();
         let limit = (req.limit > 0).then_some(u64::from(req.limit));
+        // An admin sweeps its own tenant's records; the background sweeper
+        // sweeps everyone's.
         let counts = self
             .sweeper
-            .sweep(limit, req.dry_run, false)
+            .sweep(Some(&caller.tenant), limit, req.dry_run, false)
             .await
             .map_err(Error::from)?
             .unwrap_or_default();

@@ -110,8 +110,8 @@ const EXTEND_LEASE: &str = "SELECT e.outcome, (e.rec).* \
      FROM idempotency_extend_lease($1, $2, $3, $4, $5, $6, $7, $8) e";
 const GET: &str = "SELECT * FROM idempotency_get($1, $2, $3, $4)";
 const WATCH: &str = "SELECT * FROM idempotency_watch($1, $2, $3, $4, $5)";
-const SWEEP_BATCH: &str = "SELECT * FROM idempotency_sweep_batch($1, $2, $3, $4)";
-const COUNT_DUE: &str = "SELECT idempotency_count_due($1)";
+const SWEEP_BATCH: &str = "SELECT * FROM idempotency_sweep_batch($1, $2, $3, $4, $5)";
+const COUNT_DUE: &str = "SELECT idempotency_count_due($1, $2)";
 const CLAIM_DUE: &str = "SELECT * FROM idempotency_claim_due($1, $2, $3, $4, $5, $6)";
 const RELEASE_OFFERS: &str = "SELECT idempotency_release_offers($1)";
 
@@ -354,10 +354,11 @@ impl Store {
 
 impl Store {
     /// One short transaction of sweeping (`idempotency_sweep_batch`), at most
-    /// `limit` rows of each kind; `None` when `exclusive` and another replica
-    /// holds the sweeper's lock.
+    /// `limit` rows of each kind, of one tenant or (`None`) all; `None` when
+    /// `exclusive` and another replica holds the sweeper's lock.
     pub async fn sweep_batch(
         &self,
+        tenant: Option<&Tenant>,
         limit: u32,
         dry_run: bool,
         exclusive: bool,
@@ -366,7 +367,13 @@ impl Store {
         let row = self
             .query_one(
                 SWEEP_BATCH,
-                &[&limit, &dry_run, &exclusive, &self.clock.offset_ms()],
+                &[
+                    &tenant.map(Tenant::as_str),
+                    &limit,
+                    &dry_run,
+                    &exclusive,
+                    &self.clock.offset_ms(),
+                ],
                 None,
             )
             .await?
@@ -385,10 +392,14 @@ impl Store {
         }))
     }
 
-    /// FAILED records whose retry is due, in all tenants.
-    pub async fn count_due(&self) -> Result<u64, StoreError> {
+    /// FAILED records whose retry is due, of one tenant or (`None`) all.
+    pub async fn count_due(&self, tenant: Option<&Tenant>) -> Result<u64, StoreError> {
         let row = self
-            .query_one(COUNT_DUE, &[&self.clock.offset_ms()], None)
+            .query_one(
+                COUNT_DUE,
+                &[&tenant.map(Tenant::as_str), &self.clock.offset_ms()],
+                None,
+            )
             .await?
             .ok_or_else(|| StoreError::Corrupt("idempotency_count_due returned no row".into()))?;
         Ok(row.try_get::<_, i64>(0)?.max(0).unsigned_abs())

@@ -227,9 +227,14 @@ pub struct ServerProcess {
 
 impl ServerProcess {
     pub async fn start(database_url: &str) -> Self {
+        Self::start_with(database_url, &[]).await
+    }
+
+    pub async fn start_with(database_url: &str, extra: &[&str]) -> Self {
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"))
             .args(["--log-format", "json", "serve", "--listen", "127.0.0.1:0"])
             .args(["--database-url", database_url])
+            .args(extra)
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -263,13 +268,20 @@ impl ServerProcess {
             .expect("connect to the server process")
     }
 
-    /// Sends SIGTERM and waits for the process to exit; returns its status.
+    /// Sends `signal` (a name kill(1) knows, like HUP) to the process.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.id().expect("running");
+        let sent = std::process::Command::new("kill")
+            .args([format!("-{signal}"), pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -{signal} {pid}");
+    }
+
+    /// Sends SIGTERM (as Kubernetes does) and waits for the process to
+    /// exit; returns its status.
     pub async fn terminate(mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().expect("running") as i32;
-        // SIGTERM, as Kubernetes sends it.
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status();
+        self.signal("TERM");
         tokio::time::timeout(Duration::from_secs(30), self.child.wait())
             .await
             .expect("the server did not exit within 30 s of SIGTERM")
@@ -635,5 +647,53 @@ impl TestWebhook {
             }
         });
         TestWebhook { url, bodies }
+    }
+}
+
+/// Adds `authorization: Bearer <token>` to every call.
+#[derive(Clone)]
+pub struct Bearer(pub tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        request
+            .metadata_mut()
+            .insert("authorization", self.0.clone());
+        Ok(request)
+    }
+}
+
+pub type AuthedClient =
+    CoordinatorClient<tonic::service::interceptor::InterceptedService<Channel, Bearer>>;
+
+/// A client of `server` that presents `token`.
+pub async fn client_with_token(server: &TestServer, token: &str) -> AuthedClient {
+    let value = format!("Bearer {token}").parse().expect("ascii token");
+    CoordinatorClient::with_interceptor(server.channel().await, Bearer(value))
+}
+
+/// A credentials file in the temporary directory, removed on drop.
+pub struct TokenFile {
+    pub path: std::path::PathBuf,
+}
+
+impl TokenFile {
+    pub fn new(contents: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("idem-tokens-{}", uuid::Uuid::new_v4()));
+        std::fs::write(&path, contents).expect("write the credentials file");
+        TokenFile { path }
+    }
+
+    pub fn rewrite(&self, contents: &str) {
+        std::fs::write(&self.path, contents).expect("rewrite the credentials file");
+    }
+}
+
+impl Drop for TokenFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
     }
 }
