@@ -9,6 +9,10 @@
 --                       attempts used up --Acquire--> FAILED_PERMANENT
 -- A row past expires_at counts as absent: it is replaced on the next Acquire
 -- and hidden from every read.
+-- Fencing tokens for every lease of every row: one sequence, so a token
+-- never repeats or goes backwards for a key, whatever happened to its row.
+CREATE SEQUENCE idempotency_fencing AS bigint;
+
 CREATE TABLE idempotency_keys (
     tenant              text        NOT NULL,
     scope               text        NOT NULL,
@@ -35,7 +39,9 @@ CREATE TABLE idempotency_keys (
     -- late Complete is honoured as long as nobody has taken over).
     lease_outcome       text
         CHECK (lease_outcome IN ('SUCCESS', 'FAILURE', 'RELEASE')),
-    -- Grows with every lease ever granted on the row.
+    -- The latest lease's fencing token, drawn from idempotency_fencing:
+    -- it grows with every lease ever granted, also across a row's deletion
+    -- by the sweeper and re-creation.
     fencing_token       bigint      NOT NULL,
     -- Set while FAILED.
     next_retry_at       timestamptz,

@@ -88,7 +88,7 @@ BEGIN
         VALUES (
             p_tenant, p_scope, p_key, 'PROCESSING', p_fingerprint,
             1, p_max_attempts, v_retention,
-            gen_random_uuid(), p_request_id, v_now + v_lease, 1,
+            gen_random_uuid(), p_request_id, v_now + v_lease, nextval('idempotency_fencing'),
             v_now, v_now, greatest(v_now + v_retention, v_now + v_lease))
         ON CONFLICT (tenant, scope, idempotency_key) DO NOTHING
         RETURNING * INTO r;
@@ -101,15 +101,13 @@ BEGIN
     END LOOP;
 
     IF r.expires_at <= v_now THEN
-        -- Expired: the row counts as absent, so this is a new record. The
-        -- fencing token keeps growing, so a holder from the old record's time
-        -- can still be refused downstream.
+        -- Expired: the row counts as absent, so this is a new record.
         UPDATE idempotency_keys k SET
             status = 'PROCESSING', fingerprint = p_fingerprint,
             attempt_count = 1, max_attempts = p_max_attempts, retention = v_retention,
             lease_token = gen_random_uuid(), lease_request_id = p_request_id,
             lease_expires_at = v_now + v_lease, lease_outcome = NULL,
-            fencing_token = r.fencing_token + 1, offered_until = NULL, offered_to = NULL,
+            fencing_token = nextval('idempotency_fencing'), offered_until = NULL, offered_to = NULL,
             next_retry_at = NULL, last_error = '', last_error_at = NULL,
             result = NULL, result_content_type = '', result_status_code = 0, result_ref = '',
             checkpoint = '', created_at = v_now, updated_at = v_now, completed_at = NULL,
@@ -195,7 +193,7 @@ BEGIN
         status = 'PROCESSING', attempt_count = r.attempt_count + 1,
         lease_token = gen_random_uuid(), lease_request_id = p_request_id,
         lease_expires_at = v_now + v_lease, lease_outcome = NULL,
-        fencing_token = r.fencing_token + 1, offered_until = NULL, offered_to = NULL,
+        fencing_token = nextval('idempotency_fencing'), offered_until = NULL, offered_to = NULL,
         next_retry_at = NULL, updated_at = v_now,
         expires_at = greatest(v_now + r.retention, v_now + v_lease)
      WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
@@ -324,8 +322,8 @@ $$;
 -- outcome            | when
 -- NOT_FOUND          | no row, or past expires_at
 -- LEASE_LOST         | p_token is not the latest lease's token
--- ALREADY_COMPLETED  | the holder already completed this lease
--- LEASE_EXPIRED      | the lease ran out (whether or not the row was reclaimed)
+-- LEASE_EXPIRED      | the lease ended: it ran out (whether or not the row
+--                    | was reclaimed), or its holder completed it
 -- OK                 | lease_expires_at = min(max(old, now) + extend, now + max lease);
 --                    | the checkpoint is replaced when p_checkpoint is not NULL
 CREATE FUNCTION idempotency_extend_lease(
@@ -360,12 +358,7 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    IF r.lease_outcome IS NOT NULL THEN
-        outcome := 'ALREADY_COMPLETED';
-        RETURN NEXT;
-        RETURN;
-    END IF;
-    IF r.status <> 'PROCESSING' OR r.lease_expires_at <= v_now THEN
+    IF r.lease_outcome IS NOT NULL OR r.status <> 'PROCESSING' OR r.lease_expires_at <= v_now THEN
         outcome := 'LEASE_EXPIRED';
         RETURN NEXT;
         RETURN;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::domain::{Backoff, Policy};
+use crate::notify::WaiterLimits;
 use crate::recovery::WebhookConfig;
 use crate::service::FeedConfig;
 use crate::store::StoreConfig;
@@ -17,8 +18,19 @@ use crate::store::StoreConfig;
 pub const DEFAULT_POOL_SIZE: usize = 16;
 /// How long a call waits for a database connection before UNAVAILABLE.
 pub const DEFAULT_CONNECT_WAIT: Duration = Duration::from_secs(1);
+/// How long one statement may take before the call answers UNAVAILABLE.
+pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often readiness asks the database whether it answers.
 pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+/// Calls that may wait at once on one server, and per tenant.
+pub const DEFAULT_WAITER_LIMITS: WaiterLimits = WaiterLimits {
+    total: 50_000,
+    per_tenant: 10_000,
+};
+/// Concurrent HTTP/2 streams (calls) one client connection may open.
+pub const DEFAULT_MAX_STREAMS: u32 = 1000;
+/// The largest request the server decodes.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
 /// How often the background sweeper runs.
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 /// Rows of each kind per sweeping transaction.
@@ -93,6 +105,11 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEMPOTENCY_AUTH_TOKENS")]
     pub auth_tokens: Option<PathBuf>,
 
+    /// How long one database statement may take before the call answers
+    /// UNAVAILABLE.
+    #[arg(long, env = "IDEMPOTENCY_QUERY_TIMEOUT", default_value_t = hd(DEFAULT_QUERY_TIMEOUT))]
+    pub query_timeout: humantime::Duration,
+
     /// Do not apply pending migrations at start (run `migrate` separately).
     #[arg(long, env = "IDEMPOTENCY_SKIP_MIGRATIONS")]
     pub skip_migrations: bool,
@@ -142,6 +159,24 @@ pub struct ServeArgs {
     /// The longest window of a Watch stream (longer requests are cut).
     #[arg(long, env = "IDEMPOTENCY_MAX_WATCH", default_value_t = hd(Policy::default().max_watch))]
     pub max_watch: humantime::Duration,
+
+    /// Calls (Acquire with wait, Watch) that may wait at once on this server;
+    /// beyond it calls get RESOURCE_EXHAUSTED.
+    #[arg(long, env = "IDEMPOTENCY_MAX_WAITERS", default_value_t = DEFAULT_WAITER_LIMITS.total)]
+    pub max_waiters: usize,
+
+    /// Calls of one tenant that may wait at once on this server.
+    #[arg(long, env = "IDEMPOTENCY_MAX_WAITERS_PER_TENANT", default_value_t = DEFAULT_WAITER_LIMITS.per_tenant)]
+    pub max_waiters_per_tenant: usize,
+
+    /// Concurrent calls (HTTP/2 streams) one client connection may have open.
+    #[arg(long, env = "IDEMPOTENCY_MAX_CONCURRENT_STREAMS", default_value_t = DEFAULT_MAX_STREAMS)]
+    pub max_concurrent_streams: u32,
+
+    /// The largest request message the server accepts, in bytes (at least the
+    /// result limit plus 64 KiB).
+    #[arg(long, env = "IDEMPOTENCY_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
+    pub max_request_bytes: usize,
 
     /// How often the background sweeper deletes expired records and reclaims
     /// dead leases (one replica at a time); 0 turns it off.
@@ -204,6 +239,9 @@ pub struct ServeConfig {
     pub webhook: Option<WebhookConfig>,
     /// The credentials file; `None`: authentication off.
     pub auth_tokens: Option<PathBuf>,
+    pub waiter_limits: WaiterLimits,
+    pub max_concurrent_streams: u32,
+    pub max_request_bytes: usize,
 }
 
 impl ServeConfig {
@@ -215,6 +253,7 @@ impl ServeConfig {
                 database_url: database_url.into(),
                 pool_size: DEFAULT_POOL_SIZE,
                 connect_wait: DEFAULT_CONNECT_WAIT,
+                query_timeout: DEFAULT_QUERY_TIMEOUT,
             },
             policy: Policy::default(),
             run_migrations: true,
@@ -228,6 +267,9 @@ impl ServeConfig {
             },
             webhook: None,
             auth_tokens: None,
+            waiter_limits: DEFAULT_WAITER_LIMITS,
+            max_concurrent_streams: DEFAULT_MAX_STREAMS,
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
         }
     }
 }
@@ -241,6 +283,7 @@ impl From<ServeArgs> for ServeConfig {
                 database_url: a.database.database_url,
                 pool_size: a.pool_size,
                 connect_wait: a.connect_wait.into(),
+                query_timeout: a.query_timeout.into(),
             },
             policy: Policy {
                 default_lease_ttl: a.default_lease_ttl.into(),
@@ -274,6 +317,12 @@ impl From<ServeArgs> for ServeConfig {
                 offer: a.due_offer_interval.into(),
             }),
             auth_tokens: a.auth_tokens,
+            waiter_limits: WaiterLimits {
+                total: a.max_waiters,
+                per_tenant: a.max_waiters_per_tenant,
+            },
+            max_concurrent_streams: a.max_concurrent_streams,
+            max_request_bytes: a.max_request_bytes,
         }
     }
 }

@@ -14,6 +14,7 @@ use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::auth::AuthError;
 use crate::domain::Refusal;
+use crate::notify::TooManyWaiters;
 use crate::store::StoreError;
 
 /// The `ErrorInfo.domain` of every error this service returns.
@@ -45,8 +46,8 @@ pub enum Error {
     Unauthenticated(#[from] AuthError),
     #[error("{0}")]
     PermissionDenied(&'static str),
-    #[error("{0}")]
-    ResourceExhausted(&'static str),
+    #[error(transparent)]
+    TooManyWaiters(#[from] TooManyWaiters),
 }
 
 fn describe(violations: &[Violation]) -> String {
@@ -131,9 +132,9 @@ impl From<Error> for Status {
                 message,
                 ErrorDetails::new(),
             ),
-            Error::ResourceExhausted(_) => status(
+            Error::TooManyWaiters(_) => status(
                 Code::ResourceExhausted,
-                "RESOURCE_EXHAUSTED",
+                "TOO_MANY_WAITERS",
                 message,
                 ErrorDetails::with_retry_info(Some(UNAVAILABLE_RETRY_DELAY)),
             ),

@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
+use idempotency_coordinator::config::DEFAULT_QUERY_TIMEOUT;
 use idempotency_coordinator::config::{Cli, Command, ServeConfig};
 use idempotency_coordinator::error::cause_chain;
 use idempotency_coordinator::startup::{Application, StartupError, run_migrations};
@@ -21,6 +22,7 @@ async fn run(cli: Cli) -> Result<(), StartupError> {
                 database_url: db.database_url,
                 pool_size: 1,
                 connect_wait: std::time::Duration::from_secs(10),
+                query_timeout: DEFAULT_QUERY_TIMEOUT,
             };
             let store = Store::new(&config, Clock::default()).map_err(StartupError::Database)?;
             run_migrations(&store).await.map(|_| ())

@@ -20,6 +20,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
+
 use tokio::sync::watch;
 use tokio_postgres::{AsyncMessage, NoTls};
 use tonic_health::server::HealthReporter;
@@ -129,8 +131,30 @@ type SharedRead = Arc<tokio::sync::Mutex<Latest>>;
 /// A tenant's scope, as the recovery feed follows it.
 type ScopeId = (Tenant, Scope);
 
+/// How many calls may wait at once on one server process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WaiterLimits {
+    /// All tenants together.
+    pub total: usize,
+    /// One tenant, so that one tenant cannot take every place.
+    pub per_tenant: usize,
+}
+
+/// Why a call may not wait now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TooManyWaiters {
+    #[error("too many calls wait on this server; try again shortly")]
+    Server,
+    #[error("too many calls of this tenant wait on this server; try again shortly")]
+    Tenant,
+}
+
 /// The in-memory fan-out of one server process.
 pub struct Hub {
+    /// The most waiters allowed.
+    limits: WaiterLimits,
+    /// Waiters alive per tenant.
+    per_tenant: Mutex<HashMap<Tenant, usize>>,
     /// Records somebody on this process waits on.
     records: Topics<RecordId, SharedRead>,
     /// Scopes a recovery feed (WatchDue) of this process follows.
@@ -145,8 +169,10 @@ pub struct Hub {
 }
 
 impl Hub {
-    pub fn new() -> Arc<Self> {
+    pub fn new(limits: WaiterLimits) -> Arc<Self> {
         Arc::new(Hub {
+            limits,
+            per_tenant: Mutex::new(HashMap::new()),
             records: Topics::new(),
             scopes: Topics::new(),
             waiters: AtomicUsize::new(0),
@@ -155,12 +181,42 @@ impl Hub {
         })
     }
 
-    /// Starts listening for changes of `id`. Subscribe before reading the
-    /// record, then wait on the subscription.
-    pub fn subscribe(self: &Arc<Self>, id: RecordId) -> Subscription {
-        let (version, latest) = self.records.subscribe(id.clone());
+    fn per_tenant(&self) -> MutexGuard<'_, HashMap<Tenant, usize>> {
+        self.per_tenant.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes a waiter's place for `tenant`, if one is free.
+    fn admit(&self, tenant: &Tenant) -> Result<(), TooManyWaiters> {
+        let mut per_tenant = self.per_tenant();
+        if self.waiters.load(Ordering::SeqCst) >= self.limits.total {
+            return Err(TooManyWaiters::Server);
+        }
+        let count = per_tenant.entry(tenant.clone()).or_insert(0);
+        if *count >= self.limits.per_tenant {
+            return Err(TooManyWaiters::Tenant);
+        }
+        *count += 1;
         self.waiters.fetch_add(1, Ordering::SeqCst);
-        Subscription {
+        Ok(())
+    }
+
+    fn leave(&self, tenant: &Tenant) {
+        let mut per_tenant = self.per_tenant();
+        if let Some(count) = per_tenant.get_mut(tenant) {
+            *count -= 1;
+            if *count == 0 {
+                per_tenant.remove(tenant);
+            }
+        }
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Starts listening for changes of `id`, if the waiter limits allow.
+    /// Subscribe before reading the record, then wait on the subscription.
+    pub fn subscribe(self: &Arc<Self>, id: RecordId) -> Result<Subscription, TooManyWaiters> {
+        self.admit(&id.tenant)?;
+        let (version, latest) = self.records.subscribe(id.clone());
+        Ok(Subscription {
             hub: Arc::clone(self),
             id,
             latest,
@@ -168,24 +224,30 @@ impl Hub {
                 version,
                 connected: self.connected.subscribe(),
             },
-        }
+        })
     }
 
-    /// Starts listening for records of a tenant's scope coming due.
-    pub fn subscribe_due(self: &Arc<Self>, tenant: Tenant, scope: Scope) -> DueSubscription {
+    /// Starts listening for records of a tenant's scope coming due, if the
+    /// waiter limits allow (a recovery feed takes a waiter's place).
+    pub fn subscribe_due(
+        self: &Arc<Self>,
+        tenant: Tenant,
+        scope: Scope,
+    ) -> Result<DueSubscription, TooManyWaiters> {
+        self.admit(&tenant)?;
         let id = (tenant, scope);
         let (version, ()) = self.scopes.subscribe(id.clone());
-        DueSubscription {
+        Ok(DueSubscription {
             hub: Arc::clone(self),
             id,
             changes: Changes {
                 version,
                 connected: self.connected.subscribe(),
             },
-        }
+        })
     }
 
-    /// Waiters alive on this process.
+    /// Waiters alive on this process (recovery feeds included).
     pub fn waiters(&self) -> usize {
         self.waiters.load(Ordering::SeqCst)
     }
@@ -268,8 +330,14 @@ impl Subscription {
     /// The record as it stands since the latest notification: read with
     /// `fetch` by the first waiter of this process to ask, and shared with
     /// the others woken by the same notification. `None` when there is no
-    /// record.
-    pub async fn read_shared<F, Fut>(&mut self, fetch: F) -> Result<Option<Record>, StoreError>
+    /// record. A shared read older than `seen` (the `updated_at` of the
+    /// newest state this waiter already knows) is never returned: the waiter
+    /// reads afresh instead, so answers never go backwards.
+    pub async fn read_shared<F, Fut>(
+        &mut self,
+        seen: Option<DateTime<Utc>>,
+        fetch: F,
+    ) -> Result<Option<Record>, StoreError>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<Record, StoreError>>,
@@ -278,12 +346,17 @@ impl Subscription {
         let version = *self.changes.version.borrow_and_update();
         let listening = *self.changes.connected.borrow();
         let mut latest = self.latest.lock().await;
-        let fresh = latest.version == Some(version)
+        let current = latest.version == Some(version)
             && (listening
                 || latest
                     .read_at
                     .is_some_and(|at| at.elapsed() < FALLBACK_POLL));
-        if fresh {
+        let not_older = match (seen, &latest.record) {
+            (None, _) => true,
+            (Some(seen), Some(record)) => record.updated_at >= seen,
+            (Some(_), None) => false,
+        };
+        if current && not_older {
             return Ok(latest.record.clone());
         }
         let read_at = Instant::now();
@@ -328,7 +401,7 @@ impl Drop for Parked {
 impl Drop for Subscription {
     fn drop(&mut self) {
         self.hub.records.unsubscribe(&self.id);
-        self.hub.waiters.fetch_sub(1, Ordering::SeqCst);
+        self.hub.leave(&self.id.tenant);
     }
 }
 
@@ -350,6 +423,7 @@ impl DueSubscription {
 impl Drop for DueSubscription {
     fn drop(&mut self) {
         self.hub.scopes.unsubscribe(&self.id);
+        self.hub.leave(&self.id.0);
     }
 }
 

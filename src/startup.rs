@@ -22,10 +22,6 @@ use crate::sweeper::{self, SweepTotals, Sweeper};
 
 /// Room for the rest of a Complete request around the largest result.
 const REQUEST_OVERHEAD_BYTES: usize = 64 * 1024;
-/// Requests up to this size are decoded even when they carry a result over
-/// the limit, so the caller hears INVALID_ARGUMENT naming `success.result`
-/// rather than a transport error.
-const MIN_DECODING_LIMIT_BYTES: usize = 4 * 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
@@ -83,6 +79,11 @@ pub struct Application {
 impl Application {
     pub async fn build(config: ServeConfig) -> Result<Self, StartupError> {
         config.policy.check().map_err(StartupError::Config)?;
+        if config.max_request_bytes < config.policy.max_result_bytes + REQUEST_OVERHEAD_BYTES {
+            return Err(StartupError::Config(format!(
+                "--max-request-bytes must be at least the result limit plus {REQUEST_OVERHEAD_BYTES} bytes"
+            )));
+        }
         if let Some(webhook) = &config.webhook
             && webhook.url.scheme() != "http"
         {
@@ -103,11 +104,12 @@ impl Application {
                     addr: config.listen,
                     source,
                 })?;
+        let waiter_limits = config.waiter_limits;
         Ok(Application {
             listener,
             store,
             config,
-            hub: Hub::new(),
+            hub: Hub::new(waiter_limits),
             sweep_totals: Arc::default(),
             auth,
         })
@@ -211,9 +213,10 @@ impl Application {
             config.feed,
             auth,
         ))
-        .max_decoding_message_size(
-            (config.policy.max_result_bytes + REQUEST_OVERHEAD_BYTES).max(MIN_DECODING_LIMIT_BYTES),
-        );
+        // Requests somewhat over the result limit still decode, so the caller
+        // hears INVALID_ARGUMENT naming `success.result`; past
+        // --max-request-bytes the transport refuses them (RESOURCE_EXHAUSTED).
+        .max_decoding_message_size(config.max_request_bytes);
 
         let shutdown_delay = config.shutdown_delay;
         let drain = async move {
@@ -238,6 +241,7 @@ impl Application {
 
         tracing::info!(%addr, "listening");
         Server::builder()
+            .max_concurrent_streams(config.max_concurrent_streams)
             .add_service(health)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)

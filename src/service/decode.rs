@@ -64,11 +64,20 @@ fn optional_duration(
 }
 
 fn text_limit(value: &str, max: usize) -> Result<(), InvalidInput> {
+    no_nul(value)?;
     let chars = value.chars().count();
     if chars > max {
         return Err(InvalidInput(format!(
             "must be at most {max} characters, got {chars}"
         )));
+    }
+    Ok(())
+}
+
+/// PostgreSQL text cannot hold NUL characters.
+fn no_nul(value: &str) -> Result<(), InvalidInput> {
+    if value.contains('\0') {
+        return Err(InvalidInput("must not contain NUL characters".to_owned()));
     }
     Ok(())
 }
@@ -169,11 +178,12 @@ pub fn complete(
         ),
         Some(ProtoOutcome::Success(s)) => success(&mut v, s, policy),
         Some(ProtoOutcome::Failure(f)) => {
+            let error = v.check("failure.error", no_nul(&f.error));
             let retry_after = v.check(
                 "failure.retry_after",
                 duration(f.retry_after).and_then(|d| d.map(|d| policy.retry_after(d)).transpose()),
             );
-            retry_after.map(|retry_after| Outcome::Failure {
+            error.and(retry_after).map(|retry_after| Outcome::Failure {
                 error: ErrorText::new(f.error),
                 permanent: f.permanent,
                 retry_after,

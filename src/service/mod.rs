@@ -116,7 +116,7 @@ impl Coordinator for CoordinatorService {
                 .acquire(&cmd, Duration::ZERO, self.connect_wait(budget))
                 .await
         } else {
-            let subscription = self.hub.subscribe(cmd.id.clone());
+            let subscription = self.hub.subscribe(cmd.id.clone()).map_err(Error::from)?;
             wait::acquire(&self.store, subscription, &cmd, window).await
         }
         .map_err(Error::from)?;
@@ -193,7 +193,7 @@ impl Coordinator for CoordinatorService {
             &self.policy,
         )?;
         let window = wait::window(asked, budget);
-        let subscription = self.hub.subscribe(id.clone());
+        let subscription = self.hub.subscribe(id.clone()).map_err(Error::from)?;
         let first = self
             .store
             .watch(&id, window, self.connect_wait(budget))
@@ -219,7 +219,10 @@ impl Coordinator for CoordinatorService {
     ) -> Result<Response<Self::WatchDueStream>, Status> {
         let tenant = self.caller(&request)?.tenant;
         let scope = decode::watch_due(request.into_inner())?;
-        let announcements = self.hub.subscribe_due(tenant.clone(), scope.clone());
+        let announcements = self
+            .hub
+            .subscribe_due(tenant.clone(), scope.clone())
+            .map_err(Error::from)?;
         let (records, stream) = tokio::sync::mpsc::channel(4);
         tokio::spawn(due::feed(
             self.store.clone(),

@@ -80,7 +80,9 @@ pub async fn acquire(
             }
             let Some(current) = held.take() else { break };
             let seen = subscription
-                .read_shared(|| store.get(&cmd.id, connect_wait))
+                .read_shared(Some(current.updated_at), || {
+                    store.get(&cmd.id, connect_wait)
+                })
                 .await;
             match classify(seen, current, cmd) {
                 Seen::Done(acquired) => return Ok(acquired),
@@ -164,12 +166,20 @@ pub async fn follow(
     if events.send(Ok(event(last.clone(), false))).await.is_err() {
         return;
     }
+    // Set when a read failed: read again without waiting for another
+    // notification (the one that woke us was already taken).
+    let mut read_again = false;
     loop {
-        let window_over = tokio::select! {
-            _ = events.closed() => return,
-            _ = subscription.changed() => false,
-            _ = tokio::time::sleep_until(end) => true,
+        let window_over = if read_again {
+            Instant::now() >= end
+        } else {
+            tokio::select! {
+                _ = events.closed() => return,
+                _ = subscription.changed() => false,
+                _ = tokio::time::sleep_until(end) => true,
+            }
         };
+        read_again = false;
         let left = end.saturating_duration_since(Instant::now());
         let wait = Some(left.max(DEADLINE_MARGIN));
         let read = if window_over {
@@ -178,7 +188,7 @@ pub async fn follow(
             store.get(&id, wait).await
         } else {
             subscription
-                .read_shared(|| store.get(&id, wait))
+                .read_shared(Some(last.updated_at), || store.get(&id, wait))
                 .await
                 .and_then(|r| r.ok_or(Refusal::NotFound.into()))
         };
@@ -187,6 +197,7 @@ pub async fn follow(
             Err(StoreError::Unavailable(e)) if !window_over => {
                 tracing::debug!(error = %cause_chain(e.as_ref()), "watch: database unavailable; asking again");
                 tokio::time::sleep(RETRY_AFTER_UNAVAILABLE.min(left)).await;
+                read_again = true;
                 continue;
             }
             Err(e) => {

@@ -77,7 +77,15 @@ pub struct StoreConfig {
     pub pool_size: usize,
     /// How long a call waits for a connection before answering UNAVAILABLE.
     pub connect_wait: Duration,
+    /// How long one statement may take before the call answers UNAVAILABLE
+    /// (a database that accepts connections but does not answer).
+    pub query_timeout: Duration,
 }
+
+/// A statement that got no answer in time.
+#[derive(Debug, thiserror::Error)]
+#[error("the database did not answer within {0:?}")]
+pub struct QueryTimeout(Duration);
 
 /// Connection pool plus the test clock: cheap to clone, shared by every call.
 #[derive(Clone)]
@@ -88,6 +96,8 @@ pub struct Store {
     clock: Clock,
     /// The longest a call waits for a pooled connection.
     connect_wait: Duration,
+    /// The longest one statement may take.
+    query_timeout: Duration,
 }
 
 /// Parses a database URL and names our connections in `pg_stat_activity`.
@@ -140,6 +150,7 @@ impl Store {
             pool,
             clock,
             connect_wait: config.connect_wait,
+            query_timeout: config.query_timeout,
         })
     }
 
@@ -174,8 +185,25 @@ impl Store {
         wait: Option<Duration>,
     ) -> Result<Vec<Row>, StoreError> {
         let client = self.connection(wait).await?;
-        let statement = client.prepare_cached(sql).await?;
-        Ok(client.query(&statement, params).await?)
+        self.in_time(async {
+            let statement = client.prepare_cached(sql).await?;
+            Ok(client.query(&statement, params).await?)
+        })
+        .await
+    }
+
+    /// `work`, or UNAVAILABLE when it takes longer than the query timeout.
+    async fn in_time<T>(
+        &self,
+        work: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        tokio::time::timeout(self.query_timeout, work)
+            .await
+            .unwrap_or_else(|_| {
+                Err(StoreError::Unavailable(Box::new(QueryTimeout(
+                    self.query_timeout,
+                ))))
+            })
     }
 
     async fn query_one(
@@ -185,8 +213,11 @@ impl Store {
         wait: Option<Duration>,
     ) -> Result<Option<Row>, StoreError> {
         let client = self.connection(wait).await?;
-        let statement = client.prepare_cached(sql).await?;
-        Ok(client.query_opt(&statement, params).await?)
+        self.in_time(async {
+            let statement = client.prepare_cached(sql).await?;
+            Ok(client.query_opt(&statement, params).await?)
+        })
+        .await
     }
 
     /// Runs `idempotency_acquire`: the whole decision in one round trip.

@@ -217,7 +217,8 @@ async fn no_call_of_one_tenant_reaches_anothers_records() {
     // Acquire: the same scope and key is Bob's own, separate record.
     let b = bob.acquire(acquire("s", "k")).await.unwrap().into_inner();
     assert_eq!(decision(&b), Decision::Proceed);
-    assert_eq!(b.lease.as_ref().unwrap().fencing_token, 1);
+    assert_eq!(b.lease.as_ref().unwrap().attempt, 1);
+    assert_ne!(token(&b), token(&a));
     // WatchDue: Bob is never offered Alice's due record.
     let mut feed = bob
         .watch_due(proto::WatchDueRequest { scope: "s".into() })
@@ -294,4 +295,48 @@ async fn sighup_reloads_the_credentials_of_a_running_server() {
         bob.get(get_req("s", "k")).await.unwrap_err().code(),
         Code::NotFound
     );
+}
+
+#[tokio::test]
+async fn one_tenant_cannot_take_every_waiting_place() {
+    use idempotency_coordinator::notify::WaiterLimits;
+    let file = TokenFile::new(&tokens());
+    let path = file.path.clone();
+    let app = spawn_app_with(move |c| {
+        c.auth_tokens = Some(path);
+        c.waiter_limits = WaiterLimits {
+            total: 3,
+            per_tenant: 2,
+        };
+    })
+    .await;
+    let mut alice = client_with_token(&app, ALICE).await;
+    let mut bob = client_with_token(&app, BOB).await;
+    let held = alice.acquire(acquire("s", "k")).await.unwrap().into_inner();
+    assert_eq!(decision(&held), Decision::Proceed);
+    let bob_held = bob.acquire(acquire("s", "k")).await.unwrap().into_inner();
+    assert_eq!(decision(&bob_held), Decision::Proceed);
+
+    let _waiting: Vec<_> = (0..2)
+        .map(|_| {
+            let mut a = alice.clone();
+            tokio::spawn(async move { a.acquire(waiting("s", "k", 30)).await })
+        })
+        .collect();
+    until_waiters(&app, 2).await;
+    let err = alice.acquire(waiting("s", "k", 30)).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    assert_eq!(reason(&err), "TOO_MANY_WAITERS");
+    // A call without wait still gets its answer.
+    let now = alice.acquire(acquire("s", "k")).await.unwrap().into_inner();
+    assert_eq!(decision(&now), Decision::InProgress);
+
+    // Bob still has a place.
+    let mut b = bob.clone();
+    let bob_waits = tokio::spawn(async move { b.acquire(waiting("s", "k", 30)).await });
+    until_waiters(&app, 3).await;
+    // And then the server is full.
+    let err = bob.acquire(waiting("s", "k", 30)).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    bob_waits.abort();
 }

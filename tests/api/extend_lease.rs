@@ -154,6 +154,10 @@ async fn extending_a_lease_that_was_completed_is_refused() {
         .extend_lease(extend("s", "k", &token(&granted), 5))
         .await
         .unwrap_err();
-    assert_eq!(err.code(), Code::FailedPrecondition);
-    assert_eq!(reason(&err), "ALREADY_COMPLETED");
+    assert_eq!(err.code(), Code::Aborted);
+    assert_eq!(
+        reason(&err),
+        "LEASE_EXPIRED",
+        "the lease ended with its Complete"
+    );
 }

@@ -1,6 +1,7 @@
 //! Migrations: each applied once, even when replicas start together.
 
 use futures::future::join_all;
+use idempotency_coordinator::config::DEFAULT_QUERY_TIMEOUT;
 use idempotency_coordinator::store::{Clock, Store, StoreConfig, migrate};
 
 use crate::helpers::*;
@@ -12,6 +13,7 @@ async fn replicas_migrating_at_the_same_moment_apply_each_migration_once() {
         database_url: db.url.clone(),
         pool_size: 1,
         connect_wait: std::time::Duration::from_secs(10),
+        query_timeout: DEFAULT_QUERY_TIMEOUT,
     };
     let runs = (0..6).map(|_| {
         let store = Store::new(&config, Clock::default()).unwrap();

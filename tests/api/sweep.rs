@@ -245,3 +245,22 @@ async fn two_replicas_sweeping_reclaim_each_dead_lease_once() {
         "every dead lease reclaimed"
     );
 }
+
+#[tokio::test]
+async fn fencing_tokens_keep_growing_after_the_sweeper_deleted_a_record() {
+    let app = spawn_app_without_sweeper().await;
+    let mut c = app.client.clone();
+    let mut req = acquire("s", "k");
+    req.retention = secs(60);
+    let first = proceed(&mut c, req).await;
+    complete_ok(&mut c, complete("s", "k", &token(&first), success(b"x"))).await;
+    app.clock.advance(Duration::from_secs(61));
+    let swept = c.sweep(sweep_req(false, 0)).await.unwrap().into_inner();
+    assert_eq!(swept.expired_deleted, 1);
+
+    let again = proceed(&mut c, acquire("s", "k")).await;
+    assert!(
+        again.lease.unwrap().fencing_token > first.lease.unwrap().fencing_token,
+        "a stale holder of the deleted record can still be refused downstream"
+    );
+}

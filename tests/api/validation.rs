@@ -173,3 +173,26 @@ async fn an_oversized_checkpoint_is_refused_by_name() {
         .unwrap_err();
     assert_invalid(&err, "checkpoint");
 }
+
+#[tokio::test]
+async fn text_with_a_nul_character_is_refused_by_name_and_the_lease_stays() {
+    let app = spawn_app().await;
+    let mut c = app.client.clone();
+    let granted = proceed(&mut c, acquire("s", "k")).await;
+    let err = c
+        .complete(complete("s", "k", &token(&granted), failure("bad\0byte")))
+        .await
+        .unwrap_err();
+    assert_invalid(&err, "failure.error");
+    let mut result = success(b"ok");
+    if let idempotency_coordinator::proto::complete_request::Outcome::Success(s) = &mut result {
+        s.content_type = "text/\0plain".into();
+    }
+    let err = c
+        .complete(complete("s", "k", &token(&granted), result))
+        .await
+        .unwrap_err();
+    assert_invalid(&err, "success.content_type");
+    let record = get_record(&mut c, get_req("s", "k")).await;
+    assert_eq!(status_of(&record), Status::Processing);
+}
