@@ -13,6 +13,7 @@ use crate::notify::WaiterLimits;
 use crate::recovery::WebhookConfig;
 use crate::service::FeedConfig;
 use crate::store::StoreConfig;
+use crate::tls::TlsFiles;
 
 /// Connections the pool keeps open at most.
 pub const DEFAULT_POOL_SIZE: usize = 16;
@@ -104,6 +105,20 @@ pub struct ServeArgs {
     /// caller is one default tenant.
     #[arg(long, env = "IDEMPOTENCY_AUTH_TOKENS")]
     pub auth_tokens: Option<PathBuf>,
+
+    /// Serve TLS with this PEM certificate chain (needs --tls-key); read
+    /// again on SIGHUP. Without it the port speaks plaintext.
+    #[arg(long, env = "IDEMPOTENCY_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "IDEMPOTENCY_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Require client certificates that chain to these PEM CA certificates
+    /// (mutual TLS; needs --tls-cert).
+    #[arg(long, env = "IDEMPOTENCY_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
 
     /// How long one database statement may take before the call answers
     /// UNAVAILABLE.
@@ -242,6 +257,8 @@ pub struct ServeConfig {
     pub waiter_limits: WaiterLimits,
     pub max_concurrent_streams: u32,
     pub max_request_bytes: usize,
+    /// TLS files; `None`: plaintext.
+    pub tls: Option<TlsFiles>,
 }
 
 impl ServeConfig {
@@ -270,6 +287,7 @@ impl ServeConfig {
             waiter_limits: DEFAULT_WAITER_LIMITS,
             max_concurrent_streams: DEFAULT_MAX_STREAMS,
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            tls: None,
         }
     }
 }
@@ -323,6 +341,11 @@ impl From<ServeArgs> for ServeConfig {
             },
             max_concurrent_streams: a.max_concurrent_streams,
             max_request_bytes: a.max_request_bytes,
+            tls: a.tls_cert.zip(a.tls_key).map(|(cert, key)| TlsFiles {
+                cert,
+                key,
+                client_ca: a.tls_client_ca,
+            }),
         }
     }
 }

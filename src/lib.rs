@@ -29,6 +29,7 @@
 //!   as production and tests run it.
 //! - [`notify`]: waiting without a database connection: one LISTEN connection
 //!   per process fanned out to waiters; it also drives readiness.
+//! - [`tls`]: TLS and mutual TLS on the gRPC port, reloadable.
 //! - [`shutdown`]: the signals that start a graceful shutdown.
 //! - [`telemetry`]: logging set-up.
 //!
@@ -47,6 +48,7 @@ pub mod startup;
 pub mod store;
 pub mod sweeper;
 pub mod telemetry;
+pub mod tls;
 
 /// Generated from the proto; the only place that includes generated code.
 #[allow(clippy::all, clippy::pedantic, missing_docs)]

@@ -19,6 +19,7 @@ use crate::recovery::Webhook;
 use crate::service::CoordinatorService;
 use crate::store::{self, Clock, Store, StoreError, migrate};
 use crate::sweeper::{self, SweepTotals, Sweeper};
+use crate::tls::{self, Tls, TlsError};
 
 /// Room for the rest of a Complete request around the largest result.
 const REQUEST_OVERHEAD_BYTES: usize = 64 * 1024;
@@ -31,6 +32,8 @@ pub enum StartupError {
     Database(#[source] StoreError),
     #[error("cannot read the credentials file")]
     Credentials(#[from] CredentialsError),
+    #[error("cannot set up TLS")]
+    Tls(#[from] TlsError),
     #[error("cannot migrate the database")]
     Migrate(#[from] migrate::MigrateError),
     #[error("cannot listen on {addr}")]
@@ -74,6 +77,8 @@ pub struct Application {
     sweep_totals: Arc<SweepTotals>,
     /// Who callers are.
     auth: Arc<Authenticator>,
+    /// TLS in force, when configured.
+    tls: Option<Arc<Tls>>,
 }
 
 impl Application {
@@ -93,6 +98,7 @@ impl Application {
             )));
         }
         let auth = Arc::new(Authenticator::new(config.auth_tokens.clone())?);
+        let tls = config.tls.clone().map(Tls::load).transpose()?.map(Arc::new);
         let store = Store::new(&config.store, Clock::default()).map_err(StartupError::Database)?;
         if config.run_migrations {
             run_migrations(&store).await?;
@@ -112,6 +118,7 @@ impl Application {
             hub: Hub::new(waiter_limits),
             sweep_totals: Arc::default(),
             auth,
+            tls,
         })
     }
 
@@ -137,6 +144,11 @@ impl Application {
         Arc::clone(&self.auth)
     }
 
+    /// The TLS configuration, to reload as SIGHUP does.
+    pub fn tls_handle(&self) -> Option<Arc<Tls>> {
+        self.tls.clone()
+    }
+
     /// What the background sweeper of this process has done so far.
     pub fn sweep_totals(&self) -> Arc<SweepTotals> {
         Arc::clone(&self.sweep_totals)
@@ -153,6 +165,7 @@ impl Application {
             hub,
             sweep_totals,
             auth,
+            tls,
         } = self;
         if auth.is_on() {
             tracing::info!("authentication on: bearer tokens required");
@@ -161,7 +174,7 @@ impl Application {
                 "authentication is off: every caller is the one default tenant and may Sweep; pass --auth-tokens to require tokens"
             );
         }
-        let reloading = tokio::spawn(reload_on_hangup(Arc::clone(&auth)));
+        let reloading = tokio::spawn(reload_on_hangup(Arc::clone(&auth), tls.clone()));
         let addr = listener.local_addr().map_err(|source| StartupError::Bind {
             addr: config.listen,
             source,
@@ -239,26 +252,38 @@ impl Application {
             tracing::info!("closing; calls in flight finish first");
         };
 
-        tracing::info!(%addr, "listening");
-        Server::builder()
+        let router = Server::builder()
             .max_concurrent_streams(config.max_concurrent_streams)
             .add_service(health)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
-            .add_service(coordinator)
-            .serve_with_incoming_shutdown(
-                TcpIncoming::from(listener).with_nodelay(Some(true)),
-                drain,
-            )
-            .await?;
+            .add_service(coordinator);
+        match tls {
+            Some(tls) => {
+                tracing::info!(%addr, mutual = config.tls.as_ref().is_some_and(|t| t.client_ca.is_some()), "listening with TLS");
+                let (incoming, accepting) = tls::incoming(listener, tls);
+                let served = router.serve_with_incoming_shutdown(incoming, drain).await;
+                accepting.abort();
+                served?;
+            }
+            None => {
+                tracing::info!(%addr, "listening");
+                router
+                    .serve_with_incoming_shutdown(
+                        TcpIncoming::from(listener).with_nodelay(Some(true)),
+                        drain,
+                    )
+                    .await?;
+            }
+        }
         tracing::info!("stopped");
         Ok(())
     }
 }
 
-/// Reads the credentials again on every SIGHUP, without touching
-/// connections; a bad file leaves the old credentials in force.
-async fn reload_on_hangup(auth: Arc<Authenticator>) {
+/// Reads the credentials and certificates again on every SIGHUP, without
+/// touching connections; a bad file leaves the old ones in force.
+async fn reload_on_hangup(auth: Arc<Authenticator>, tls: Option<Arc<Tls>>) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
@@ -274,8 +299,20 @@ async fn reload_on_hangup(auth: Arc<Authenticator>) {
                     "credentials not reloaded; the previous ones stay in force"
                 ),
             }
+            if let Some(tls) = &tls {
+                match tls.reload() {
+                    Ok(()) => tracing::info!("TLS certificates reloaded"),
+                    Err(e) => tracing::error!(
+                        error = %cause_chain(&e),
+                        "TLS certificates not reloaded; the previous ones stay in force"
+                    ),
+                }
+            }
         }
     }
     #[cfg(not(unix))]
-    std::future::pending::<()>().await;
+    {
+        let _ = (auth, tls);
+        std::future::pending::<()>().await;
+    }
 }

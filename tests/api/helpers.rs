@@ -697,3 +697,34 @@ impl Drop for TokenFile {
         let _ = std::fs::remove_file(&self.path);
     }
 }
+
+/// A server running in the background without a client of its own (for TLS
+/// servers, whose clients need their own settings); stops when dropped.
+pub struct Serving {
+    pub addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+}
+
+pub fn serve(app: Application) -> Serving {
+    let addr = app.local_addr();
+    let (tx, rx) = oneshot::channel();
+    tokio::spawn(async move {
+        app.run_until(async {
+            let _ = rx.await;
+        })
+        .await
+        .expect("server run");
+    });
+    Serving {
+        addr,
+        shutdown: Some(tx),
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}

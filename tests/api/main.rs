@@ -14,6 +14,7 @@ mod helpers;
 mod migrations;
 mod replicas;
 mod sweep;
+mod tls;
 mod validation;
 mod waiting;
 mod watch;

@@ -1,0 +1,162 @@
+//! TLS on the gRPC port (rustls), and mutual TLS when a client CA is given.
+//! Certificates are read again on SIGHUP: each new connection's handshake
+//! uses the configuration in force when it arrives, so a reload never drops
+//! a connection. A reload that fails keeps the old configuration.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::server::WebPkiClientVerifier;
+use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
+use tokio_rustls::server::TlsStream;
+use tokio_stream::wrappers::ReceiverStream;
+
+/// A handshake that takes longer than this is dropped, so a client that
+/// connects and sends nothing holds no resources for long.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where the server's certificate, key and (for mutual TLS) client CA live.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// PEM certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
+    /// PEM CA certificates that client certificates must chain to; when set,
+    /// clients without a valid certificate are refused.
+    pub client_ca: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("{0} holds no certificate")]
+    NoCertificate(PathBuf),
+    #[error("the TLS configuration is not usable")]
+    Rustls(#[from] rustls::Error),
+    #[error("the client CA is not usable")]
+    ClientCa(#[from] rustls::server::VerifierBuilderError),
+}
+
+fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let read = |source| TlsError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(read)?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(read)?;
+    if certs.is_empty() {
+        return Err(TlsError::NoCertificate(path.to_owned()));
+    }
+    Ok(certs)
+}
+
+fn server_config(files: &TlsFiles) -> Result<ServerConfig, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let certs = certificates(&files.cert)?;
+    let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|source| TlsError::Read {
+        path: files.key.clone(),
+        source,
+    })?;
+    let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()?;
+    let builder = match &files.client_ca {
+        Some(ca) => {
+            let mut roots = RootCertStore::empty();
+            for cert in certificates(ca)? {
+                roots.add(cert)?;
+            }
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider).build()?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_single_cert(certs, key)?;
+    // gRPC runs over HTTP/2, which TLS clients ask for by ALPN.
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
+}
+
+/// The TLS configuration in force, replaceable while the server runs.
+pub struct Tls {
+    files: TlsFiles,
+    acceptor: RwLock<TlsAcceptor>,
+}
+
+impl Tls {
+    pub fn load(files: TlsFiles) -> Result<Self, TlsError> {
+        let acceptor = TlsAcceptor::from(Arc::new(server_config(&files)?));
+        Ok(Tls {
+            files,
+            acceptor: RwLock::new(acceptor),
+        })
+    }
+
+    /// Reads the files again; on failure the old configuration stays.
+    pub fn reload(&self) -> Result<(), TlsError> {
+        let fresh = TlsAcceptor::from(Arc::new(server_config(&self.files)?));
+        *self.acceptor.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+        Ok(())
+    }
+
+    fn acceptor(&self) -> TlsAcceptor {
+        self.acceptor
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+/// Accepts connections on `listener` and completes their TLS handshakes off
+/// the accept loop (a slow client never holds up the others). Connections
+/// whose handshake fails are dropped. Abort the returned task to stop.
+pub fn incoming(
+    listener: TcpListener,
+    tls: Arc<Tls>,
+) -> (
+    ReceiverStream<Result<TlsStream<TcpStream>, std::io::Error>>,
+    JoinHandle<()>,
+) {
+    let (ready, stream) = mpsc::channel(64);
+    let accepting = tokio::spawn(async move {
+        loop {
+            let tcp = match listener.accept().await {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // Out of file descriptors and the like: pause, go on.
+                    tracing::warn!(error = %e, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = tcp.set_nodelay(true);
+            let acceptor = tls.acceptor();
+            let ready = ready.clone();
+            tokio::spawn(async move {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    Ok(Ok(stream)) => {
+                        let _ = ready.send(Ok(stream)).await;
+                    }
+                    Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::debug!("TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    (ReceiverStream::new(stream), accepting)
+}

@@ -1,0 +1,204 @@
+//! TLS with certificates made here (rcgen): trusted clients connect,
+//! plaintext and untrusting clients are refused, and with mutual TLS so are
+//! clients without a certificate.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use idempotency_coordinator::config::ServeConfig;
+use idempotency_coordinator::proto::{Decision, coordinator_client::CoordinatorClient};
+use idempotency_coordinator::startup::Application;
+use idempotency_coordinator::tls::TlsFiles;
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+
+use crate::helpers::*;
+
+/// A CA and a certificate it signed, as PEM.
+struct Pki {
+    ca: String,
+    cert: String,
+    key: String,
+}
+
+fn pki(names: &[&str]) -> Pki {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+    let cert = CertificateParams::new(names)
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    Pki {
+        ca: ca.pem(),
+        cert: cert.pem(),
+        key: key.serialize_pem(),
+    }
+}
+
+/// PEM files in a directory of their own, removed on drop.
+struct Files(PathBuf);
+
+impl Files {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!("idem-tls-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Files(dir)
+    }
+
+    fn write(&self, name: &str, pem: &str) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, pem).unwrap();
+        path
+    }
+}
+
+impl Drop for Files {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A TLS server on a fresh database, until dropped.
+async fn tls_server(
+    db: &TestDatabase,
+    files: TlsFiles,
+) -> (Serving, std::sync::Arc<idempotency_coordinator::tls::Tls>) {
+    let mut config = ServeConfig::new("127.0.0.1:0".parse().unwrap(), db.url.clone());
+    config.tls = Some(files);
+    let app = Application::build(config).await.expect("build with TLS");
+    let tls = app.tls_handle().expect("TLS configured");
+    (serve(app), tls)
+}
+
+async fn connect(
+    addr: std::net::SocketAddr,
+    tls: Option<ClientTlsConfig>,
+) -> Result<CoordinatorClient<Channel>, tonic::transport::Error> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut endpoint = Channel::from_shared(format!("{scheme}://{addr}"))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5));
+    if let Some(tls) = tls {
+        endpoint = endpoint.tls_config(tls)?;
+    }
+    Ok(CoordinatorClient::new(endpoint.connect().await?))
+}
+
+fn trusting(ca: &str) -> ClientTlsConfig {
+    ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca))
+        .domain_name("localhost")
+}
+
+/// Whether a call over `client` gets an answer.
+async fn answers(client: Result<CoordinatorClient<Channel>, tonic::transport::Error>) -> bool {
+    match client {
+        Ok(mut c) => c.acquire(acquire("s", "tls-probe")).await.is_ok(),
+        Err(_) => false,
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_trusts_the_ca_connects_and_others_are_refused() {
+    let db = TestDatabase::create().await;
+    let server_pki = pki(&["localhost", "127.0.0.1"]);
+    let stranger = pki(&["localhost"]);
+    let files = Files::new();
+    let (serving, _tls) = tls_server(
+        &db,
+        TlsFiles {
+            cert: files.write("server.pem", &server_pki.cert),
+            key: files.write("server.key", &server_pki.key),
+            client_ca: None,
+        },
+    )
+    .await;
+
+    let mut trusted = connect(serving.addr, Some(trusting(&server_pki.ca)))
+        .await
+        .expect("a client trusting the CA connects");
+    let answer = trusted
+        .acquire(acquire("s", "k"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(decision(&answer), Decision::Proceed);
+
+    assert!(
+        !answers(connect(serving.addr, None).await).await,
+        "plaintext refused"
+    );
+    assert!(
+        !answers(connect(serving.addr, Some(trusting(&stranger.ca))).await).await,
+        "a client trusting another CA refuses the server"
+    );
+}
+
+#[tokio::test]
+async fn with_mutual_tls_a_client_needs_a_certificate_from_the_client_ca() {
+    let db = TestDatabase::create().await;
+    let server_pki = pki(&["localhost"]);
+    let client_pki = pki(&["client.example"]);
+    let stranger = pki(&["client.example"]);
+    let files = Files::new();
+    let (serving, _tls) = tls_server(
+        &db,
+        TlsFiles {
+            cert: files.write("server.pem", &server_pki.cert),
+            key: files.write("server.key", &server_pki.key),
+            client_ca: Some(files.write("clients.pem", &client_pki.ca)),
+        },
+    )
+    .await;
+
+    let anonymous = connect(serving.addr, Some(trusting(&server_pki.ca))).await;
+    assert!(!answers(anonymous).await, "no client certificate: refused");
+
+    let with_stranger =
+        trusting(&server_pki.ca).identity(Identity::from_pem(&stranger.cert, &stranger.key));
+    assert!(
+        !answers(connect(serving.addr, Some(with_stranger)).await).await,
+        "a certificate from another CA: refused"
+    );
+
+    let with_cert =
+        trusting(&server_pki.ca).identity(Identity::from_pem(&client_pki.cert, &client_pki.key));
+    assert!(answers(connect(serving.addr, Some(with_cert)).await).await);
+}
+
+#[tokio::test]
+async fn certificates_are_read_again_on_reload_and_a_bad_file_changes_nothing() {
+    let db = TestDatabase::create().await;
+    let old = pki(&["localhost"]);
+    let new = pki(&["localhost"]);
+    let files = Files::new();
+    let tls_files = TlsFiles {
+        cert: files.write("server.pem", &old.cert),
+        key: files.write("server.key", &old.key),
+        client_ca: None,
+    };
+    let (serving, tls) = tls_server(&db, tls_files).await;
+    // A connection made before the reload keeps working after it.
+    let mut before = connect(serving.addr, Some(trusting(&old.ca)))
+        .await
+        .unwrap();
+
+    files.write("server.pem", "not a certificate");
+    assert!(tls.reload().is_err());
+    assert!(answers(connect(serving.addr, Some(trusting(&old.ca))).await).await);
+
+    files.write("server.pem", &new.cert);
+    files.write("server.key", &new.key);
+    tls.reload().expect("reload the new certificate");
+    assert!(answers(connect(serving.addr, Some(trusting(&new.ca))).await).await);
+    assert!(!answers(connect(serving.addr, Some(trusting(&old.ca))).await).await);
+    before
+        .acquire(acquire("s", "still-connected"))
+        .await
+        .expect("open connections survive a reload");
+}
