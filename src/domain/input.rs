@@ -313,3 +313,117 @@ mod tests {
         assert!(!format!("{token:?}").contains('7'));
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn scope_rule(s: &str) -> bool {
+        !s.is_empty()
+            && s.len() <= 128
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._:/-".contains(c))
+    }
+
+    fn visible(s: &str, max: usize) -> bool {
+        s.len() <= max && s.chars().all(|c| ('\x21'..='\x7e').contains(&c))
+    }
+
+    /// Any JSON value, nested a few levels.
+    fn json() -> impl Strategy<Value = serde_json::Value> {
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            ".{0,8}".prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+                prop::collection::btree_map(".{0,6}", inner, 0..4)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// `value` written as JSON with its object keys in reverse order and
+    /// white space between every token.
+    fn scrambled(value: &serde_json::Value) -> String {
+        match value {
+            serde_json::Value::Object(map) => {
+                let fields: Vec<String> = map
+                    .iter()
+                    .rev()
+                    .map(|(k, v)| {
+                        format!(
+                            " {} :\n {} ",
+                            serde_json::to_string(k).unwrap(),
+                            scrambled(v)
+                        )
+                    })
+                    .collect();
+                format!("{{ {} }}", fields.join(" ,\t"))
+            }
+            serde_json::Value::Array(items) => {
+                let items: Vec<String> = items.iter().map(scrambled).collect();
+                format!("[ {} ]", items.join(" , "))
+            }
+            other => other.to_string(),
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn scopes_are_accepted_exactly_when_they_follow_the_rule(s in ".{0,140}|[A-Za-z0-9._:/*-]{0,140}") {
+            prop_assert_eq!(Scope::try_from(s.clone()).is_ok(), scope_rule(&s));
+        }
+
+        #[test]
+        fn keys_are_accepted_exactly_when_visible_ascii_up_to_255(s in ".{0,300}|[!-~ ]{0,300}") {
+            prop_assert_eq!(Key::try_from(s.clone()).is_ok(), !s.is_empty() && visible(&s, 255));
+        }
+
+        #[test]
+        fn fingerprints_and_request_ids_follow_their_rules(s in ".{0,140}|[!-~]{0,140}") {
+            prop_assert_eq!(Fingerprint::from_client(s.clone()).is_ok(), visible(&s, 128));
+            prop_assert_eq!(RequestId::try_from(s.clone()).is_ok(), visible(&s, 128));
+        }
+
+        #[test]
+        fn lease_tokens_never_panic_and_round_trip(s in ".{0,64}") {
+            if let Ok(token) = LeaseToken::try_from(s) {
+                prop_assert_eq!(LeaseToken::try_from(token.to_string()).unwrap(), token);
+            }
+        }
+
+        #[test]
+        fn any_text_is_either_json_or_refused_never_a_panic(s in ".{0,64}") {
+            let _ = Fingerprint::of_json(&s);
+        }
+
+        #[test]
+        fn json_layout_and_key_order_never_change_the_fingerprint(value in json()) {
+            let compact = serde_json::to_string(&value).unwrap();
+            let a = Fingerprint::of_json(&compact).unwrap();
+            let b = Fingerprint::of_json(&scrambled(&value)).unwrap();
+            prop_assert_eq!(a, b);
+        }
+
+        #[test]
+        fn different_json_values_get_different_fingerprints(a in json(), b in json()) {
+            prop_assume!(a != b);
+            let fa = Fingerprint::of_json(&serde_json::to_string(&a).unwrap()).unwrap();
+            let fb = Fingerprint::of_json(&serde_json::to_string(&b).unwrap()).unwrap();
+            prop_assert_ne!(fa, fb);
+        }
+
+        #[test]
+        fn error_text_keeps_at_most_4000_characters_of_a_prefix(s in ".{0,4100}") {
+            let cut = ErrorText::new(s.clone());
+            prop_assert!(cut.as_str().chars().count() <= MAX_ERROR_CHARS);
+            prop_assert!(s.starts_with(cut.as_str()));
+        }
+    }
+}

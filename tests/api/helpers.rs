@@ -268,6 +268,10 @@ impl ServerProcess {
             .expect("connect to the server process")
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("running")
+    }
+
     /// Sends `signal` (a name kill(1) knows, like HUP) to the process.
     pub fn signal(&self, signal: &str) {
         let pid = self.child.id().expect("running");

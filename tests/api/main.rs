@@ -11,6 +11,7 @@ mod get;
 mod grpcurl;
 mod health;
 mod helpers;
+mod hostile;
 mod migrations;
 mod replicas;
 mod sweep;
