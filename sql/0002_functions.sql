@@ -49,10 +49,15 @@ $$;
 -- watched (watch_until) so that its next change notifies. Every change this
 -- function makes to a watched row notifies.
 --
--- Concurrency: the row is locked FOR UPDATE before anything is decided. When
--- there is no row, INSERT .. ON CONFLICT DO NOTHING lets exactly one of many
--- concurrent callers create it; the others loop, and their next SELECT .. FOR
--- UPDATE waits for the creator's commit and decides on its row.
+-- Concurrency: answers that change nothing and cannot be invalidated by a
+-- concurrent writer before they are read (ALREADY_DONE: SUCCEEDED is final;
+-- CONFLICT: the fingerprint is fixed for the record's life; IN_PROGRESS
+-- without a wait) come from a plain read, without taking the row lock, so
+-- replays and callers of a busy key never queue behind each other. Every
+-- other decision locks the row FOR UPDATE first. When there is no row,
+-- INSERT .. ON CONFLICT DO NOTHING lets exactly one of many concurrent
+-- callers create it; the others loop, and their next SELECT .. FOR UPDATE
+-- waits for the creator's commit and decides on its row.
 CREATE FUNCTION idempotency_acquire(
     p_tenant          text,
     p_scope           text,
@@ -73,6 +78,27 @@ DECLARE
     v_lease     interval := p_lease_ms * interval '1 millisecond';
     v_retention interval := p_retention_ms * interval '1 millisecond';
 BEGIN
+    SELECT * INTO r FROM idempotency_keys k
+     WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key;
+    v_now := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
+    IF FOUND AND r.expires_at > v_now THEN
+        IF r.fingerprint <> p_fingerprint THEN
+            decision := 'CONFLICT'; rec := r;
+            RETURN NEXT;
+            RETURN;
+        ELSIF r.status = 'SUCCEEDED' THEN
+            decision := 'ALREADY_DONE'; rec := r;
+            RETURN NEXT;
+            RETURN;
+        ELSIF r.status = 'PROCESSING' AND r.lease_expires_at > v_now AND p_watch_ms <= 0
+              AND (p_request_id = '' OR p_request_id <> r.lease_request_id) THEN
+            decision := 'IN_PROGRESS'; rec := r;
+            retry_after_ms := idempotency_millis_until(r.lease_expires_at, v_now);
+            RETURN NEXT;
+            RETURN;
+        END IF;
+    END IF;
+
     LOOP
         SELECT * INTO r FROM idempotency_keys k
          WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key

@@ -4,11 +4,20 @@
 //!
 //! ```text
 //! cargo run --release --bin idempotency-bench -- --target 127.0.0.1:50051 \
-//!     --scenario cycle,cycle-beside-waiters,wait --clients 32 --seconds 10
+//!     --scenario cycle,replay,contend,wait --clients 32 --seconds 10 \
+//!     --baseline-sql --database-url postgres://postgres@127.0.0.1:5432/bench
 //! ```
+//!
+//! `--baseline-sql` runs `cycle`, `replay` and `contend` a second time
+//! straight against PostgreSQL, through the same SQL functions prepared on one
+//! connection per client: the physical limit the coordinator can at most
+//! match. The `RESULT` line then carries `sql_ops_per_s` and `ratio`.
 //!
 //! Scenarios:
 //! - `cycle`: Acquire + Complete on fresh keys, nobody waiting (the plain path);
+//! - `replay`: Acquire on 1,000 keys already SUCCEEDED;
+//! - `contend`: all clients on `--hot-keys` keys; whoever gets the lease gives
+//!   it straight back (Complete with release);
 //! - `cycle-beside-waiters`: the same while `--waiters` calls wait on other
 //!   keys, so the listener, the fan-out and watched records are all busy;
 //! - `wait`: `--waiters` calls wait on one key, one Complete releases them
@@ -53,14 +62,25 @@ struct Args {
     /// Expired records the `sweep` scenario sweeps.
     #[arg(long, default_value_t = 100_000)]
     expired: u32,
-    /// The server's database, for scenarios that prepare data in it.
+    /// The server's database, for scenarios that prepare data in it and for
+    /// the direct-SQL baseline.
     #[arg(long, env = "DATABASE_URL")]
     database_url: Option<String>,
+    /// Also run `cycle`, `replay` and `contend` directly against PostgreSQL
+    /// (the same SQL functions, prepared, one connection per client) and
+    /// report the coordinator's throughput as a ratio of that.
+    #[arg(long)]
+    baseline_sql: bool,
+    /// Hot keys in `contend`.
+    #[arg(long, default_value_t = 4)]
+    hot_keys: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Scenario {
     Cycle,
+    Replay,
+    Contend,
     CycleBesideWaiters,
     Wait,
     Sweep,
@@ -122,6 +142,107 @@ async fn connect(target: &str, n: usize) -> Vec<Client> {
     clients
 }
 
+/// Statements the direct-SQL baseline runs: the coordinator's own SQL
+/// functions, called the way the store calls them.
+/// Both read back the whole record, as the coordinator does.
+const SQL_ACQUIRE: &str = "SELECT a.decision, a.retry_after_ms, (a.rec).* \
+     FROM idempotency_acquire('default', $1, $2, '', '', 900000, 10, 86400000, 0, 0) a";
+const SQL_COMPLETE: &str = "SELECT c.outcome, (c.rec).* FROM idempotency_complete('default', $1, $2, \
+     $3, $4, $5, 'application/json', 200, '', '', false, NULL, 1000, 3600000, 0) c";
+
+/// One direct database connection with its prepared statements.
+struct Sql {
+    client: tokio_postgres::Client,
+    acquire: tokio_postgres::Statement,
+    complete: tokio_postgres::Statement,
+}
+
+/// What the scenarios drive: the coordinator over gRPC, or (for the
+/// baseline) PostgreSQL directly through the same SQL functions.
+#[derive(Clone)]
+enum Driver {
+    Grpc(Client),
+    Sql(Arc<Sql>),
+}
+
+impl Driver {
+    /// Acquire: the decision, and the lease token on PROCEED.
+    async fn acquire(&mut self, scope: &str, key: &str) -> (i32, Option<String>) {
+        match self {
+            Driver::Grpc(c) => {
+                let answer = c
+                    .acquire(acquire(scope, key))
+                    .await
+                    .expect("acquire")
+                    .into_inner();
+                (answer.decision, answer.lease.map(|l| l.token))
+            }
+            Driver::Sql(sql) => {
+                let row = sql
+                    .client
+                    .query_one(&sql.acquire, &[&scope, &key])
+                    .await
+                    .expect("idempotency_acquire");
+                let decision = match row.get::<_, &str>(0) {
+                    "PROCEED" => Decision::Proceed,
+                    "ALREADY_DONE" => Decision::AlreadyDone,
+                    "IN_PROGRESS" => Decision::InProgress,
+                    "RETRY_LATER" => Decision::RetryLater,
+                    "CONFLICT" => Decision::Conflict,
+                    _ => Decision::Exhausted,
+                };
+                let token = (decision == Decision::Proceed)
+                    .then(|| row.get::<_, uuid::Uuid>("lease_token").to_string());
+                (decision as i32, token)
+            }
+        }
+    }
+
+    /// Complete with success, or give the key back (`release`).
+    async fn complete(&mut self, scope: &str, key: &str, token: String, release: bool) {
+        match self {
+            Driver::Grpc(c) => {
+                let mut req = succeed(scope, key, token);
+                if release {
+                    req.outcome =
+                        Some(Outcome::Release(idempotency_coordinator::proto::Release {}));
+                }
+                c.complete(req).await.expect("complete");
+            }
+            Driver::Sql(sql) => {
+                let token: uuid::Uuid = token.parse().expect("uuid token");
+                let outcome = if release { "RELEASE" } else { "SUCCESS" };
+                let result: &[u8] = br#"{"status":"ok"}"#;
+                sql.client
+                    .query_one(&sql.complete, &[&scope, &key, &token, &outcome, &result])
+                    .await
+                    .expect("idempotency_complete");
+            }
+        }
+    }
+}
+
+async fn sql_drivers(url: &str, n: usize) -> Vec<Driver> {
+    let mut drivers = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .expect("connect to the database");
+        tokio::spawn(connection);
+        let acquire = client.prepare(SQL_ACQUIRE).await.expect("prepare acquire");
+        let complete = client
+            .prepare(SQL_COMPLETE)
+            .await
+            .expect("prepare complete");
+        drivers.push(Driver::Sql(Arc::new(Sql {
+            client,
+            acquire,
+            complete,
+        })));
+    }
+    drivers
+}
+
 struct CycleStats {
     cycles: u64,
     elapsed: Duration,
@@ -132,12 +253,13 @@ struct CycleStats {
 
 /// Acquire + Complete on fresh keys, `clients` at a time, for `duration`.
 async fn cycles(clients: &[Client], n: usize, duration: Duration, run: &str) -> CycleStats {
-    cycles_until(clients, n, duration, Arc::new(AtomicBool::new(false)), run).await
+    let drivers: Vec<Driver> = clients.iter().cloned().map(Driver::Grpc).collect();
+    cycles_until(&drivers, n, duration, Arc::new(AtomicBool::new(false)), run).await
 }
 
 /// Like [`cycles`], ending early when `stop` is set.
 async fn cycles_until(
-    clients: &[Client],
+    clients: &[Driver],
     n: usize,
     duration: Duration,
     stop: Arc<AtomicBool>,
@@ -157,18 +279,12 @@ async fn cycles_until(
                 while Instant::now() < end && !stop.load(Ordering::Relaxed) {
                     let key = format!("{run}-{i}-{count}");
                     let t0 = Instant::now();
-                    let granted = client
-                        .acquire(acquire("bench.cycle", &key))
-                        .await
-                        .expect("acquire")
-                        .into_inner();
+                    let (decision, token) = client.acquire("bench.cycle", &key).await;
                     let t1 = Instant::now();
-                    assert_eq!(granted.decision, Decision::Proceed as i32, "fresh key");
-                    let token = granted.lease.expect("lease").token;
+                    assert_eq!(decision, Decision::Proceed as i32, "fresh key");
                     client
-                        .complete(succeed("bench.cycle", &key, token))
-                        .await
-                        .expect("complete");
+                        .complete("bench.cycle", &key, token.expect("lease"), false)
+                        .await;
                     let t2 = Instant::now();
                     acquire_h.saturating_record((t1 - t0).as_micros() as u64);
                     complete_h.saturating_record((t2 - t1).as_micros() as u64);
@@ -192,6 +308,72 @@ async fn cycles_until(
         stats.cycle.add(cycle).expect("same bounds");
         stats.acquire.add(acquire_h).expect("same bounds");
         stats.complete.add(complete_h).expect("same bounds");
+    }
+    stats.elapsed = start.elapsed();
+    stats
+}
+
+/// Calls per second and their latency, for scenarios of single calls.
+struct CallStats {
+    calls: u64,
+    elapsed: Duration,
+    latency: Histogram<u64>,
+}
+
+impl CallStats {
+    fn per_s(&self) -> f64 {
+        self.calls as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// `n` clients each calling Acquire back to back for `duration`: on keys
+/// that are done (`replay`: every answer ALREADY_DONE), or on a few hot keys
+/// (`contend`: a caller that gets the lease gives it straight back, the
+/// others get IN_PROGRESS).
+async fn acquires(
+    drivers: &[Driver],
+    n: usize,
+    duration: Duration,
+    scope: &'static str,
+    keys: Arc<Vec<String>>,
+    contend: bool,
+) -> CallStats {
+    let start = Instant::now();
+    let end = start + duration;
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let mut driver = drivers[i % drivers.len()].clone();
+            let keys = Arc::clone(&keys);
+            tokio::spawn(async move {
+                let mut latency = histogram();
+                let mut count = 0u64;
+                while Instant::now() < end {
+                    let key = &keys[(i + count as usize) % keys.len()];
+                    let t0 = Instant::now();
+                    let (decision, token) = driver.acquire(scope, key).await;
+                    latency.saturating_record(t0.elapsed().as_micros() as u64);
+                    count += 1;
+                    if contend {
+                        if let Some(token) = token {
+                            driver.complete(scope, key, token, true).await;
+                        }
+                    } else {
+                        assert_eq!(decision, Decision::AlreadyDone as i32, "a replay");
+                    }
+                }
+                (count, latency)
+            })
+        })
+        .collect();
+    let mut stats = CallStats {
+        calls: 0,
+        elapsed: Duration::ZERO,
+        latency: histogram(),
+    };
+    for task in tasks {
+        let (count, latency) = task.await.expect("client task");
+        stats.calls += count;
+        stats.latency.add(latency).expect("same bounds");
     }
     stats.elapsed = start.elapsed();
     stats
@@ -390,7 +572,7 @@ async fn sweep_under_load(args: &Args, clients: &[Client], run: &str) {
 
     let stop = Arc::new(AtomicBool::new(false));
     let load = {
-        let clients = clients.to_vec();
+        let clients: Vec<Driver> = clients.iter().cloned().map(Driver::Grpc).collect();
         let stop = Arc::clone(&stop);
         let run = format!("{run}-load");
         let n = args.clients;
@@ -449,20 +631,108 @@ async fn main() {
         args.seconds,
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
+    let grpc: Vec<Driver> = clients.iter().cloned().map(Driver::Grpc).collect();
+    let sql = if args.baseline_sql {
+        let url = args
+            .database_url
+            .as_deref()
+            .expect("--baseline-sql needs --database-url (or DATABASE_URL)");
+        Some(sql_drivers(url, args.clients).await)
+    } else {
+        None
+    };
+    let seconds = Duration::from_secs(args.seconds);
     let mut plain = None;
     for (n, scenario) in args.scenario.iter().enumerate() {
         // Keys unique to this run and this step of it.
         let run = format!("{run}-{n}");
         match scenario {
             Scenario::Cycle => {
-                let stats = cycles(
-                    &clients,
+                let stats = cycles(&clients, args.clients, seconds, &run).await;
+                let extra = match &sql {
+                    Some(sql) => {
+                        let base = cycles_until(
+                            sql,
+                            args.clients,
+                            seconds,
+                            Arc::new(AtomicBool::new(false)),
+                            &format!("{run}-sql"),
+                        )
+                        .await;
+                        let sql_per_s = base.cycles as f64 / base.elapsed.as_secs_f64();
+                        let per_s = stats.cycles as f64 / stats.elapsed.as_secs_f64();
+                        println!(
+                            "cycle, direct SQL: {sql_per_s:.0} cycles/s; acquire p99 {:.2} ms",
+                            ms(&base.acquire, 0.99)
+                        );
+                        format!(
+                            " sql_ops_per_s={sql_per_s:.0} ratio={:.2}",
+                            per_s / sql_per_s
+                        )
+                    }
+                    None => String::new(),
+                };
+                plain = Some(report_cycles("cycle", &args, &stats, &extra));
+            }
+            Scenario::Replay | Scenario::Contend => {
+                let contend = *scenario == Scenario::Contend;
+                let (name, scope, count) = if contend {
+                    ("contend", "bench.contend", args.hot_keys.max(1))
+                } else {
+                    ("replay", "bench.replay", 1000)
+                };
+                let keys: Arc<Vec<String>> =
+                    Arc::new((0..count).map(|k| format!("{run}-{k}")).collect());
+                if !contend {
+                    let mut setup = grpc[0].clone();
+                    for key in keys.iter() {
+                        let (_, token) = setup.acquire(scope, key).await;
+                        setup
+                            .complete(scope, key, token.expect("fresh key"), false)
+                            .await;
+                    }
+                }
+                let stats = acquires(
+                    &grpc,
                     args.clients,
-                    Duration::from_secs(args.seconds),
-                    &run,
+                    seconds,
+                    scope,
+                    Arc::clone(&keys),
+                    contend,
                 )
                 .await;
-                plain = Some(report_cycles("cycle", &args, &stats, ""));
+                let mut extra = String::new();
+                if let Some(sql) = &sql {
+                    let base = acquires(sql, args.clients, seconds, scope, keys, contend).await;
+                    println!(
+                        "{name}, direct SQL: {:.0} acquires/s; p99 {:.2} ms",
+                        base.per_s(),
+                        ms(&base.latency, 0.99)
+                    );
+                    extra = format!(
+                        " sql_ops_per_s={:.0} ratio={:.2}",
+                        base.per_s(),
+                        stats.per_s() / base.per_s()
+                    );
+                }
+                println!(
+                    "{name}: {:.0} acquires/s; p50 {:.2} ms p90 {:.2} ms p99 {:.2} ms p99.9 {:.2} ms",
+                    stats.per_s(),
+                    ms(&stats.latency, 0.5),
+                    ms(&stats.latency, 0.9),
+                    ms(&stats.latency, 0.99),
+                    ms(&stats.latency, 0.999),
+                );
+                println!(
+                    "RESULT scenario={name} clients={} seconds={} ops_per_s={:.0} p50_ms={:.2} p90_ms={:.2} p99_ms={:.2} p999_ms={:.2}{extra}",
+                    args.clients,
+                    args.seconds,
+                    stats.per_s(),
+                    ms(&stats.latency, 0.5),
+                    ms(&stats.latency, 0.9),
+                    ms(&stats.latency, 0.99),
+                    ms(&stats.latency, 0.999),
+                );
             }
             Scenario::CycleBesideWaiters => {
                 let beside = cycle_beside_waiters(&args, &clients, &run).await;
