@@ -74,6 +74,10 @@ struct Args {
     /// Hot keys in `contend`.
     #[arg(long, default_value_t = 4)]
     hot_keys: usize,
+    /// Pace `cycle` at this many cycles per second in all (spread over the
+    /// clients) instead of as fast as it goes, to read latency at a given load.
+    #[arg(long)]
+    rate: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -254,7 +258,15 @@ struct CycleStats {
 /// Acquire + Complete on fresh keys, `clients` at a time, for `duration`.
 async fn cycles(clients: &[Client], n: usize, duration: Duration, run: &str) -> CycleStats {
     let drivers: Vec<Driver> = clients.iter().cloned().map(Driver::Grpc).collect();
-    cycles_until(&drivers, n, duration, Arc::new(AtomicBool::new(false)), run).await
+    cycles_until(
+        &drivers,
+        n,
+        duration,
+        Arc::new(AtomicBool::new(false)),
+        run,
+        None,
+    )
+    .await
 }
 
 /// Like [`cycles`], ending early when `stop` is set.
@@ -264,9 +276,14 @@ async fn cycles_until(
     duration: Duration,
     stop: Arc<AtomicBool>,
     run: &str,
+    rate: Option<f64>,
 ) -> CycleStats {
     let start = Instant::now();
     let end = start + duration;
+    // Each client's share of the rate, as a period between cycle starts.
+    let period = rate
+        .filter(|r| *r > 0.0)
+        .map(|r| Duration::from_secs_f64(n as f64 / r));
     let tasks: Vec<_> = (0..n)
         .map(|i| {
             let mut client = clients[i % clients.len()].clone();
@@ -276,7 +293,18 @@ async fn cycles_until(
                 let (mut cycle, mut acquire_h, mut complete_h) =
                     (histogram(), histogram(), histogram());
                 let mut count = 0u64;
+                let mut ticks = period.map(|p| {
+                    let mut t = tokio::time::interval_at(
+                        tokio::time::Instant::now() + p.mul_f64(i as f64 / n as f64),
+                        p,
+                    );
+                    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                    t
+                });
                 while Instant::now() < end && !stop.load(Ordering::Relaxed) {
+                    if let Some(ticks) = &mut ticks {
+                        ticks.tick().await;
+                    }
                     let key = format!("{run}-{i}-{count}");
                     let t0 = Instant::now();
                     let (decision, token) = client.acquire("bench.cycle", &key).await;
@@ -577,7 +605,7 @@ async fn sweep_under_load(args: &Args, clients: &[Client], run: &str) {
         let run = format!("{run}-load");
         let n = args.clients;
         tokio::spawn(async move {
-            cycles_until(&clients, n, Duration::from_secs(3600), stop, &run).await
+            cycles_until(&clients, n, Duration::from_secs(3600), stop, &run, None).await
         })
     };
     // Let the load settle before the sweep starts.
@@ -648,7 +676,15 @@ async fn main() {
         let run = format!("{run}-{n}");
         match scenario {
             Scenario::Cycle => {
-                let stats = cycles(&clients, args.clients, seconds, &run).await;
+                let stats = cycles_until(
+                    &grpc,
+                    args.clients,
+                    seconds,
+                    Arc::new(AtomicBool::new(false)),
+                    &run,
+                    args.rate,
+                )
+                .await;
                 let extra = match &sql {
                     Some(sql) => {
                         let base = cycles_until(
@@ -657,6 +693,7 @@ async fn main() {
                             seconds,
                             Arc::new(AtomicBool::new(false)),
                             &format!("{run}-sql"),
+                            args.rate,
                         )
                         .await;
                         let sql_per_s = base.cycles as f64 / base.elapsed.as_secs_f64();
