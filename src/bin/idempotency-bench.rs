@@ -407,28 +407,22 @@ async fn acquires(
     stats
 }
 
+/// Prints a timed scenario's human line and its `RESULT` line.
+fn report(name: &str, args: &Args, per_s: f64, latency: &Histogram<u64>, extra: &str) {
+    let [p50, p90, p99, p999] = [0.5, 0.9, 0.99, 0.999].map(|q| ms(latency, q));
+    println!(
+        "{name}: {per_s:.0}/s; p50 {p50:.2} ms p90 {p90:.2} ms p99 {p99:.2} ms p99.9 {p999:.2} ms"
+    );
+    println!(
+        "RESULT scenario={name} clients={} seconds={} ops_per_s={per_s:.0} p50_ms={p50:.2} p90_ms={p90:.2} p99_ms={p99:.2} p999_ms={p999:.2}{extra}",
+        args.clients, args.seconds,
+    );
+}
+
 fn report_cycles(name: &str, args: &Args, stats: &CycleStats, extra: &str) -> f64 {
     let per_s = stats.cycles as f64 / stats.elapsed.as_secs_f64();
-    println!(
-        "{name}: {} cycles in {:.1} s = {per_s:.0} cycles/s; cycle p50 {:.2} ms p90 {:.2} ms p99 {:.2} ms p99.9 {:.2} ms; acquire p99 {:.2} ms",
-        stats.cycles,
-        stats.elapsed.as_secs_f64(),
-        ms(&stats.cycle, 0.5),
-        ms(&stats.cycle, 0.9),
-        ms(&stats.cycle, 0.99),
-        ms(&stats.cycle, 0.999),
-        ms(&stats.acquire, 0.99),
-    );
-    println!(
-        "RESULT scenario={name} clients={} seconds={} ops_per_s={per_s:.0} p50_ms={:.2} p90_ms={:.2} p99_ms={:.2} p999_ms={:.2} acquire_p99_ms={:.2}{extra}",
-        args.clients,
-        args.seconds,
-        ms(&stats.cycle, 0.5),
-        ms(&stats.cycle, 0.9),
-        ms(&stats.cycle, 0.99),
-        ms(&stats.cycle, 0.999),
-        ms(&stats.acquire, 0.99),
-    );
+    let extra = format!(" acquire_p99_ms={:.2}{extra}", ms(&stats.acquire, 0.99));
+    report(name, args, per_s, &stats.cycle, &extra);
     per_s
 }
 
@@ -752,24 +746,7 @@ async fn main() {
                         stats.per_s() / base.per_s()
                     );
                 }
-                println!(
-                    "{name}: {:.0} acquires/s; p50 {:.2} ms p90 {:.2} ms p99 {:.2} ms p99.9 {:.2} ms",
-                    stats.per_s(),
-                    ms(&stats.latency, 0.5),
-                    ms(&stats.latency, 0.9),
-                    ms(&stats.latency, 0.99),
-                    ms(&stats.latency, 0.999),
-                );
-                println!(
-                    "RESULT scenario={name} clients={} seconds={} ops_per_s={:.0} p50_ms={:.2} p90_ms={:.2} p99_ms={:.2} p999_ms={:.2}{extra}",
-                    args.clients,
-                    args.seconds,
-                    stats.per_s(),
-                    ms(&stats.latency, 0.5),
-                    ms(&stats.latency, 0.9),
-                    ms(&stats.latency, 0.99),
-                    ms(&stats.latency, 0.999),
-                );
+                report(name, &args, stats.per_s(), &stats.latency, &extra);
             }
             Scenario::CycleBesideWaiters => {
                 let beside = cycle_beside_waiters(&args, &clients, &run).await;

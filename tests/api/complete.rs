@@ -232,11 +232,7 @@ async fn a_different_outcome_after_completion_is_refused_and_the_stored_one_stan
 async fn a_holder_whose_lease_was_taken_over_cannot_complete() {
     let app = spawn_app().await;
     let mut c = app.client.clone();
-    let mut req = acquire("s", "k");
-    req.lease_ttl = secs(5);
-    let stale = proceed(&mut c, req.clone()).await;
-    app.clock.advance(Duration::from_secs(6));
-    let fresh = proceed(&mut c, req).await;
+    let (stale, fresh) = taken_over(&app).await;
     c.complete(complete("s", "k", &token(&fresh), success(b"new holder")))
         .await
         .unwrap();
@@ -257,11 +253,7 @@ async fn a_holder_whose_lease_was_taken_over_cannot_complete() {
 async fn a_stale_holder_cannot_complete_while_the_new_holder_works() {
     let app = spawn_app().await;
     let mut c = app.client.clone();
-    let mut req = acquire("s", "k");
-    req.lease_ttl = secs(5);
-    let stale = proceed(&mut c, req.clone()).await;
-    app.clock.advance(Duration::from_secs(6));
-    proceed(&mut c, req).await;
+    let (stale, _) = taken_over(&app).await;
 
     let err = c
         .complete(complete("s", "k", &token(&stale), failure("stale")))

@@ -92,11 +92,7 @@ async fn an_expired_lease_cannot_be_revived() {
 async fn extending_with_a_token_that_is_not_current_is_lease_lost() {
     let app = spawn_app().await;
     let mut c = app.client.clone();
-    let mut req = acquire("s", "k");
-    req.lease_ttl = secs(5);
-    let stale = proceed(&mut c, req.clone()).await;
-    app.clock.advance(Duration::from_secs(6));
-    proceed(&mut c, req).await;
+    let (stale, _) = taken_over(&app).await;
 
     let err = c
         .extend_lease(extend("s", "k", &token(&stale), 60))

@@ -732,3 +732,15 @@ impl Drop for Serving {
         }
     }
 }
+
+/// A holder of (s, k) whose 5 s lease ran out and was taken over: returns
+/// the stale holder's answer and the new holder's.
+pub async fn taken_over(app: &TestApp) -> (proto::AcquireResponse, proto::AcquireResponse) {
+    let mut c = app.client.clone();
+    let mut req = acquire("s", "k");
+    req.lease_ttl = secs(5);
+    let stale = proceed(&mut c, req.clone()).await;
+    app.clock.advance(Duration::from_secs(6));
+    let fresh = proceed(&mut c, req).await;
+    (stale, fresh)
+}
