@@ -7,8 +7,10 @@
 
 mod clock;
 pub mod migrate;
+mod mux;
 mod row;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime, Timeouts};
@@ -80,6 +82,9 @@ pub struct StoreConfig {
     /// How long one statement may take before the call answers UNAVAILABLE
     /// (a database that accepts connections but does not answer).
     pub query_timeout: Duration,
+    /// Connections shared and pipelined by all calls; 0: each call takes a
+    /// pooled connection of its own.
+    pub shared_connections: usize,
 }
 
 /// A statement that got no answer in time.
@@ -98,6 +103,9 @@ pub struct Store {
     connect_wait: Duration,
     /// The longest one statement may take.
     query_timeout: Duration,
+    /// Shared, pipelined connections for the calls' statements, if
+    /// configured.
+    mux: Option<Arc<mux::Mux>>,
 }
 
 /// Parses a database URL and names our connections in `pg_stat_activity`.
@@ -146,11 +154,15 @@ impl Store {
             .runtime(Runtime::Tokio1)
             .build()
             .map_err(|e| StoreError::Config(Box::new(e)))?;
+        let shared =
+            pg_config(&config.database_url).map_err(|e| StoreError::Config(Box::new(e)))?;
         Ok(Store {
             pool,
             clock,
             connect_wait: config.connect_wait,
             query_timeout: config.query_timeout,
+            mux: (config.shared_connections > 0)
+                .then(|| Arc::new(mux::Mux::new(shared, config.shared_connections))),
         })
     }
 
@@ -206,7 +218,29 @@ impl Store {
             })
     }
 
+    /// One row of a call's statement: pipelined on a shared connection when
+    /// those are configured, else on a pooled connection of its own.
     async fn query_one(
+        &self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+        wait: Option<Duration>,
+    ) -> Result<Option<Row>, StoreError> {
+        if let Some(mux) = &self.mux {
+            let shared = mux.get(wait.unwrap_or(self.connect_wait)).await?;
+            return self
+                .in_time(async {
+                    let statement = shared.prepare(sql).await?;
+                    Ok(shared.client.query_opt(&statement, params).await?)
+                })
+                .await;
+        }
+        self.query_one_pooled(sql, params, wait).await
+    }
+
+    /// One row, on a pooled connection of its own: for maintenance, whose
+    /// longer statements must not hold up calls pipelined behind them.
+    async fn query_one_pooled(
         &self,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
@@ -396,7 +430,7 @@ impl Store {
     ) -> Result<Option<SweepCounts>, StoreError> {
         let limit = i32::try_from(limit).unwrap_or(i32::MAX);
         let row = self
-            .query_one(
+            .query_one_pooled(
                 SWEEP_BATCH,
                 &[
                     &tenant.map(Tenant::as_str),
@@ -426,7 +460,7 @@ impl Store {
     /// FAILED records whose retry is due, of one tenant or (`None`) all.
     pub async fn count_due(&self, tenant: Option<&Tenant>) -> Result<u64, StoreError> {
         let row = self
-            .query_one(
+            .query_one_pooled(
                 COUNT_DUE,
                 &[&tenant.map(Tenant::as_str), &self.clock.offset_ms()],
                 None,
@@ -470,7 +504,7 @@ impl Store {
     /// others at once; returns how many records that was.
     pub async fn release_offers(&self, subscriber: uuid::Uuid) -> Result<u64, StoreError> {
         let row = self
-            .query_one(RELEASE_OFFERS, &[&subscriber], None)
+            .query_one_pooled(RELEASE_OFFERS, &[&subscriber], None)
             .await?
             .ok_or_else(|| {
                 StoreError::Corrupt("idempotency_release_offers returned no row".into())

@@ -14,6 +14,7 @@ async fn replicas_migrating_at_the_same_moment_apply_each_migration_once() {
         pool_size: 1,
         connect_wait: std::time::Duration::from_secs(10),
         query_timeout: DEFAULT_QUERY_TIMEOUT,
+        shared_connections: 0,
     };
     let runs = (0..6).map(|_| {
         let store = Store::new(&config, Clock::default()).unwrap();
