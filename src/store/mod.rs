@@ -4,6 +4,10 @@
 //! Every decision is made inside PostgreSQL in one round trip, under the row
 //! lock of the record concerned and by the database's clock; this module only
 //! binds arguments and reads the answer.
+//!
+//! Calls' statements are pipelined on a few shared connections (`mux`);
+//! maintenance takes pooled connections of its own, so its longer statements
+//! never hold up calls queued behind them.
 
 mod clock;
 pub mod migrate;

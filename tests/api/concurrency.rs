@@ -49,3 +49,39 @@ async fn after_complete_fifty_concurrent_acquires_all_replay_the_same_bytes() {
         assert_eq!(answer.record.unwrap().result.unwrap().result, result);
     }
 }
+
+#[tokio::test]
+async fn with_a_pooled_connection_per_call_the_race_still_grants_one_lease() {
+    let app = spawn_app_with(|c| c.store.shared_connections = 0).await;
+    let calls = (0..50).map(|_| {
+        let mut c = app.client.clone();
+        async move {
+            c.acquire(acquire("race", "pooled"))
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    });
+    let answers = join_all(calls).await;
+    let proceeds = answers
+        .iter()
+        .filter(|a| decision(a) == Decision::Proceed)
+        .count();
+    assert_eq!(proceeds, 1);
+    let mut c = app.client.clone();
+    let holder = answers
+        .iter()
+        .find(|a| decision(a) == Decision::Proceed)
+        .unwrap();
+    complete_ok(
+        &mut c,
+        complete("race", "pooled", &token(holder), success(b"ok")),
+    )
+    .await;
+    let replay = c
+        .acquire(acquire("race", "pooled"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(decision(&replay), Decision::AlreadyDone);
+}
