@@ -5,28 +5,29 @@ use idempotency_coordinator::proto::Decision;
 
 use crate::helpers::*;
 
+/// 50 concurrent Acquires of one fresh key: exactly one PROCEED, 49
+/// IN_PROGRESS; returns the winner's answer.
+async fn race(app: &TestApp, key: &str) -> idempotency_coordinator::proto::AcquireResponse {
+    let calls = (0..50).map(|_| {
+        let mut c = app.client.clone();
+        async move { c.acquire(acquire("race", key)).await.unwrap().into_inner() }
+    });
+    let mut answers = join_all(calls).await;
+    let count = |d: Decision| answers.iter().filter(|a| decision(a) == d).count();
+    assert_eq!(
+        (count(Decision::Proceed), count(Decision::InProgress)),
+        (1, 49)
+    );
+    let winner = answers
+        .iter()
+        .position(|a| decision(a) == Decision::Proceed);
+    answers.swap_remove(winner.expect("one PROCEED"))
+}
+
 #[tokio::test]
 async fn fifty_concurrent_acquires_on_a_fresh_key_grant_exactly_one_lease() {
     let app = spawn_app().await;
-    let calls = (0..50).map(|_| {
-        let mut c = app.client.clone();
-        async move {
-            c.acquire(acquire("race", "one-key"))
-                .await
-                .unwrap()
-                .into_inner()
-        }
-    });
-    let answers = join_all(calls).await;
-    let proceeds = answers
-        .iter()
-        .filter(|a| decision(a) == Decision::Proceed)
-        .count();
-    let in_progress = answers
-        .iter()
-        .filter(|a| decision(a) == Decision::InProgress)
-        .count();
-    assert_eq!((proceeds, in_progress), (1, 49));
+    race(&app, "one-key").await;
     assert_eq!(app.db.count_records().await, 1);
 }
 
@@ -53,29 +54,11 @@ async fn after_complete_fifty_concurrent_acquires_all_replay_the_same_bytes() {
 #[tokio::test]
 async fn with_a_pooled_connection_per_call_the_race_still_grants_one_lease() {
     let app = spawn_app_with(|c| c.store.shared_connections = 0).await;
-    let calls = (0..50).map(|_| {
-        let mut c = app.client.clone();
-        async move {
-            c.acquire(acquire("race", "pooled"))
-                .await
-                .unwrap()
-                .into_inner()
-        }
-    });
-    let answers = join_all(calls).await;
-    let proceeds = answers
-        .iter()
-        .filter(|a| decision(a) == Decision::Proceed)
-        .count();
-    assert_eq!(proceeds, 1);
+    let holder = race(&app, "pooled").await;
     let mut c = app.client.clone();
-    let holder = answers
-        .iter()
-        .find(|a| decision(a) == Decision::Proceed)
-        .unwrap();
     complete_ok(
         &mut c,
-        complete("race", "pooled", &token(holder), success(b"ok")),
+        complete("race", "pooled", &token(&holder), success(b"ok")),
     )
     .await;
     let replay = c
