@@ -134,7 +134,9 @@ pub enum Refusal {
         "the lease token is not the record's current one: the lease was lost to another caller; call Acquire again"
     )]
     LeaseLost,
-    #[error("the lease has already run out and cannot be extended; call Acquire again")]
+    #[error(
+        "the lease has ended (it ran out, or its holder completed it) and cannot be extended; call Acquire again"
+    )]
     LeaseExpired,
     #[error(
         "the lease's holder already completed it with another outcome; the stored outcome stands"
