@@ -147,7 +147,7 @@ impl Store {
     pub fn new(config: &StoreConfig, clock: Clock) -> Result<Self, StoreError> {
         let pg = pg_config(&config.database_url).map_err(|e| StoreError::Config(Box::new(e)))?;
         let manager = Manager::from_config(
-            pg,
+            pg.clone(),
             NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
@@ -158,15 +158,13 @@ impl Store {
             .runtime(Runtime::Tokio1)
             .build()
             .map_err(|e| StoreError::Config(Box::new(e)))?;
-        let shared =
-            pg_config(&config.database_url).map_err(|e| StoreError::Config(Box::new(e)))?;
         Ok(Store {
             pool,
             clock,
             connect_wait: config.connect_wait,
             query_timeout: config.query_timeout,
             mux: (config.shared_connections > 0)
-                .then(|| Arc::new(mux::Mux::new(shared, config.shared_connections))),
+                .then(|| Arc::new(mux::Mux::new(pg, config.shared_connections))),
         })
     }
 
