@@ -9,8 +9,11 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tonic::Status;
 
+use chrono::{DateTime, Utc};
+
 use crate::domain::{
-    AcquireCommand, Acquired, Decision, Record, RecordId, Refusal, Status as RecordStatus,
+    AcquireCommand, Acquired, Decision, LeaseToken, Record, RecordId, Refusal,
+    Status as RecordStatus,
 };
 use crate::error::{Error, cause_chain};
 use crate::notify::Subscription;
@@ -48,20 +51,25 @@ pub async fn acquire(
     cmd: &AcquireCommand,
     window: Duration,
 ) -> Result<Acquired, StoreError> {
+    // This future lives as long as the caller waits, once per waiting call:
+    // the statements' futures are boxed so that only their short run pays for
+    // their size, and the sleeping state keeps just what it compares.
     let end = Instant::now() + window;
     let mut waiting = false;
     loop {
         let left = end.saturating_duration_since(Instant::now());
         let connect_wait = Some(left.max(store.connect_wait()));
-        let (mut next_check, mut held) = match store.acquire(cmd, left, connect_wait).await {
+        let (mut next_check, mut held) = match Box::pin(store.acquire(cmd, left, connect_wait))
+            .await
+        {
             Ok(acquired) if acquired.decision != Decision::InProgress || left.is_zero() => {
                 return Ok(acquired);
             }
-            // The holder's lease ends after retry_after: then the key can be
-            // taken over, so decide again at that moment.
+            // The holder's lease ends after retry_after: then the key can
+            // be taken over, so decide again at that moment.
             Ok(acquired) => (
                 Instant::now() + acquired.retry_after.unwrap_or(left),
-                Some(acquired.record),
+                Some(Held::of(&acquired.record)),
             ),
             Err(StoreError::Unavailable(e)) if waiting && !left.is_zero() => {
                 tracing::debug!(error = %cause_chain(e.as_ref()), "waiter: database unavailable; asking again");
@@ -79,22 +87,39 @@ pub async fn acquire(
                 _ = tokio::time::sleep_until(next_check.min(end)) => break,
             }
             let Some(current) = held.take() else { break };
-            let seen = subscription
-                .read_shared(Some(current.updated_at), || {
-                    store.get(&cmd.id, connect_wait)
-                })
-                .await;
+            let seen = Box::pin(subscription.read_shared(Some(current.updated_at), || {
+                store.get(&cmd.id, connect_wait)
+            }))
+            .await;
             match classify(seen, current, cmd) {
-                Seen::Done(acquired) => return Ok(acquired),
+                Seen::Done(acquired) => return Ok(*acquired),
                 Seen::StillHeld {
-                    record,
+                    held: now,
                     extended_by,
                 } => {
                     next_check += extended_by;
-                    held = Some(record);
+                    held = Some(now);
                 }
                 Seen::Decide => break,
             }
+        }
+    }
+}
+
+/// What a waiter remembers of the record it waits on.
+#[derive(Clone, Copy)]
+struct Held {
+    token: LeaseToken,
+    updated_at: DateTime<Utc>,
+    lease_expires_at: Option<DateTime<Utc>>,
+}
+
+impl Held {
+    fn of(record: &Record) -> Self {
+        Held {
+            token: record.lease.token,
+            updated_at: record.updated_at,
+            lease_expires_at: record.lease_expires_at,
         }
     }
 }
@@ -105,35 +130,32 @@ enum Seen {
     /// SUCCEEDED with the caller's fingerprint: ALREADY_DONE, exactly as
     /// `idempotency_acquire` would decide (SUCCEEDED is final), without a
     /// round trip of the waiter's own.
-    Done(Acquired),
+    Done(Box<Acquired>),
     /// The same lease is still held (a heartbeat moved its end by
     /// `extended_by`): keep waiting.
-    StillHeld {
-        record: Record,
-        extended_by: Duration,
-    },
+    StillHeld { held: Held, extended_by: Duration },
     /// Anything else needs a decision under the row lock: Acquire again.
     Decide,
 }
 
-fn classify(seen: Result<Option<Record>, StoreError>, held: Record, cmd: &AcquireCommand) -> Seen {
+fn classify(seen: Result<Option<Record>, StoreError>, held: Held, cmd: &AcquireCommand) -> Seen {
     let Ok(Some(record)) = seen else {
         return Seen::Decide;
     };
     if record.status == RecordStatus::Succeeded && record.fingerprint == cmd.fingerprint {
-        return Seen::Done(Acquired {
+        return Seen::Done(Box::new(Acquired {
             decision: Decision::AlreadyDone,
             record,
             retry_after: None,
-        });
+        }));
     }
-    if record.status == RecordStatus::Processing && record.lease.token == held.lease.token {
+    if record.status == RecordStatus::Processing && record.lease.token == held.token {
         let extended_by = match (record.lease_expires_at, held.lease_expires_at) {
             (Some(new), Some(old)) => (new - old).to_std().unwrap_or_default(),
             _ => Duration::ZERO,
         };
         return Seen::StillHeld {
-            record,
+            held: Held::of(&record),
             extended_by,
         };
     }
