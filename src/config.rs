@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::builder::TypedValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::domain::{Backoff, Policy};
@@ -21,7 +22,10 @@ pub const DEFAULT_POOL_SIZE: usize = 16;
 pub const DEFAULT_CONNECT_WAIT: Duration = Duration::from_secs(1);
 /// Connections all calls share, their statements pipelined (measured best
 /// on 2 cores; see README); 0: a pooled connection per call.
-pub const DEFAULT_SHARED_CONNECTIONS: usize = 8;
+pub const DEFAULT_SHARED_CONNECTIONS: usize = 2;
+/// Acquires (or Completes) that one statement carries at most when they
+/// arrive together; 1: each runs alone.
+pub const DEFAULT_BATCH_SIZE: usize = 64;
 /// How long one statement may take before the call answers UNAVAILABLE.
 pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often readiness asks the database whether it answers.
@@ -127,6 +131,14 @@ pub struct ServeArgs {
     /// (0: every call takes a pooled connection of its own).
     #[arg(long, env = "IDEMPOTENCY_SHARED_CONNECTIONS", default_value_t = DEFAULT_SHARED_CONNECTIONS)]
     pub shared_connections: usize,
+
+    /// Acquires (or Completes) that arrive while every batch worker is busy
+    /// share one statement and one commit, up to this many (1: each runs
+    /// alone). Needs --shared-connections above 0; a batch never waits for
+    /// company.
+    #[arg(long, env = "IDEMPOTENCY_BATCH_SIZE", default_value_t = DEFAULT_BATCH_SIZE,
+          value_parser = TypedValueParser::map(clap::value_parser!(u16).range(1..=1000), usize::from))]
+    pub batch_size: usize,
 
     /// How long one database statement may take before the call answers
     /// UNAVAILABLE.
@@ -280,6 +292,7 @@ impl ServeConfig {
                 connect_wait: DEFAULT_CONNECT_WAIT,
                 query_timeout: DEFAULT_QUERY_TIMEOUT,
                 shared_connections: DEFAULT_SHARED_CONNECTIONS,
+                batch_size: DEFAULT_BATCH_SIZE,
             },
             policy: Policy::default(),
             run_migrations: true,
@@ -312,6 +325,7 @@ impl From<ServeArgs> for ServeConfig {
                 connect_wait: a.connect_wait.into(),
                 query_timeout: a.query_timeout.into(),
                 shared_connections: a.shared_connections,
+                batch_size: a.batch_size,
             },
             policy: Policy {
                 default_lease_ttl: a.default_lease_ttl.into(),

@@ -24,6 +24,7 @@ async fn run(cli: Cli) -> Result<(), StartupError> {
                 connect_wait: std::time::Duration::from_secs(10),
                 query_timeout: DEFAULT_QUERY_TIMEOUT,
                 shared_connections: 0,
+                batch_size: 1,
             };
             let store = Store::new(&config, Clock::default()).map_err(StartupError::Database)?;
             run_migrations(&store).await.map(|_| ())

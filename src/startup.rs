@@ -134,6 +134,11 @@ impl Application {
         self.store.clock().clone()
     }
 
+    /// The store, to observe its queues.
+    pub fn store(&self) -> Store {
+        self.store.clone()
+    }
+
     /// The waiter registry, to observe how many calls wait.
     pub fn hub(&self) -> Arc<Hub> {
         Arc::clone(&self.hub)

@@ -35,6 +35,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "maintenance",
         sql: include_str!("../../sql/0003_maintenance.sql"),
     },
+    Migration {
+        version: 4,
+        name: "batches",
+        sql: include_str!("../../sql/0004_batches.sql"),
+    },
 ];
 
 /// An arbitrary constant naming our advisory lock among any others the

@@ -6,9 +6,13 @@
 //! binds arguments and reads the answer.
 //!
 //! Calls' statements are pipelined on a few shared connections (`mux`);
-//! maintenance takes pooled connections of its own, so its longer statements
-//! never hold up calls queued behind them.
+//! Acquires and Completes that arrive together share one statement and one
+//! commit (`batch`, with their arguments in `calls`); maintenance takes pooled
+//! connections of its own, so its longer statements never hold up calls
+//! queued behind them.
 
+mod batch;
+mod calls;
 mod clock;
 pub mod migrate;
 mod mux;
@@ -20,9 +24,11 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime, Timeouts};
 use tokio_postgres::{NoTls, Row, types::ToSql};
 
+use calls::{ACQUIRE, AcquireCall, COMPLETE, CompleteCall};
+
 use crate::domain::{
     AcquireCommand, Acquired, Backoff, CompleteCommand, Decision, DueRecord, ExtendCommand, Lease,
-    Outcome, Record, RecordId, Refusal, Scope, SweepCounts, Tenant,
+    Record, RecordId, Refusal, Scope, SweepCounts, Tenant,
 };
 
 pub use clock::Clock;
@@ -89,6 +95,9 @@ pub struct StoreConfig {
     /// Connections shared and pipelined by all calls; 0: each call takes a
     /// pooled connection of its own.
     pub shared_connections: usize,
+    /// Acquires (or Completes) one statement carries at most, on the shared
+    /// connections; 1: each runs alone.
+    pub batch_size: usize,
 }
 
 /// A statement that got no answer in time.
@@ -110,6 +119,13 @@ pub struct Store {
     /// Shared, pipelined connections for the calls' statements, if
     /// configured.
     mux: Option<Arc<mux::Mux>>,
+    /// Queues that coalesce Acquires and Completes, if configured.
+    batches: Option<Arc<Batches>>,
+}
+
+struct Batches {
+    acquire: batch::Coalescer<AcquireCall>,
+    complete: batch::Coalescer<CompleteCall>,
 }
 
 /// Parses a database URL and names our connections in `pg_stat_activity`.
@@ -124,10 +140,6 @@ pub fn pg_config(database_url: &str) -> Result<tokio_postgres::Config, tokio_pos
     Ok(config)
 }
 
-const ACQUIRE: &str = "SELECT a.decision, a.retry_after_ms, (a.rec).* \
-     FROM idempotency_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) a";
-const COMPLETE: &str = "SELECT c.outcome, (c.rec).* \
-     FROM idempotency_complete($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) c";
 const EXTEND_LEASE: &str = "SELECT e.outcome, (e.rec).* \
      FROM idempotency_extend_lease($1, $2, $3, $4, $5, $6, $7, $8) e";
 const GET: &str = "SELECT * FROM idempotency_get($1, $2, $3, $4)";
@@ -137,7 +149,7 @@ const COUNT_DUE: &str = "SELECT idempotency_count_due($1, $2)";
 const CLAIM_DUE: &str = "SELECT * FROM idempotency_claim_due($1, $2, $3, $4, $5, $6)";
 const RELEASE_OFFERS: &str = "SELECT idempotency_release_offers($1)";
 
-fn millis(d: Duration) -> i64 {
+pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
@@ -158,18 +170,49 @@ impl Store {
             .runtime(Runtime::Tokio1)
             .build()
             .map_err(|e| StoreError::Config(Box::new(e)))?;
+        let mux = (config.shared_connections > 0)
+            .then(|| Arc::new(mux::Mux::new(pg, config.shared_connections)));
+        let batches = match &mux {
+            Some(mux) if config.batch_size > 1 => {
+                if tokio::runtime::Handle::try_current().is_err() {
+                    return Err(StoreError::Config(
+                        "batching needs a running Tokio runtime".into(),
+                    ));
+                }
+                let settings = || batch::Settings {
+                    mux: Arc::clone(mux),
+                    clock: clock.clone(),
+                    workers: config.shared_connections,
+                    max_batch: config.batch_size,
+                    connect_wait: config.connect_wait,
+                    query_timeout: config.query_timeout,
+                };
+                Some(Arc::new(Batches {
+                    acquire: batch::Coalescer::start(settings()),
+                    complete: batch::Coalescer::start(settings()),
+                }))
+            }
+            _ => None,
+        };
         Ok(Store {
             pool,
             clock,
             connect_wait: config.connect_wait,
             query_timeout: config.query_timeout,
-            mux: (config.shared_connections > 0)
-                .then(|| Arc::new(mux::Mux::new(pg, config.shared_connections))),
+            mux,
+            batches,
         })
     }
 
     pub fn clock(&self) -> &Clock {
         &self.clock
+    }
+
+    /// Acquires and Completes waiting for a batch to carry them.
+    pub fn queued_calls(&self) -> usize {
+        self.batches
+            .as_ref()
+            .map_or(0, |b| b.acquire.queued() + b.complete.queued())
     }
 
     /// How long a call waits for a connection unless told otherwise.
@@ -222,7 +265,20 @@ impl Store {
 
     /// One row of a call's statement: pipelined on a shared connection when
     /// those are configured, else on a pooled connection of its own.
+    ///
+    /// The statement's future (several KB: connection, timeout, prepare and
+    /// query states) lives on the heap only while the statement runs, so a
+    /// call sleeping in its wait window between statements does not carry it.
     async fn query_one(
+        &self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+        wait: Option<Duration>,
+    ) -> Result<Option<Row>, StoreError> {
+        Box::pin(self.run_query_one(sql, params, wait)).await
+    }
+
+    async fn run_query_one(
         &self,
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
@@ -265,27 +321,20 @@ impl Store {
         watch: Duration,
         wait: Option<Duration>,
     ) -> Result<Acquired, StoreError> {
-        let max_attempts = i32::try_from(cmd.max_attempts)
-            .map_err(|_| StoreError::Corrupt("max_attempts out of range".into()))?;
-        let row = self
-            .query_one(
-                ACQUIRE,
-                &[
-                    &cmd.id.tenant.as_str(),
-                    &cmd.id.scope.as_str(),
-                    &cmd.id.key.as_str(),
-                    &cmd.fingerprint.as_str(),
-                    &cmd.request_id.as_str(),
-                    &millis(cmd.lease_ttl),
-                    &max_attempts,
-                    &millis(cmd.retention),
-                    &millis(watch),
-                    &self.clock.offset_ms(),
-                ],
-                wait,
-            )
-            .await?
-            .ok_or_else(|| StoreError::Corrupt("idempotency_acquire returned no row".into()))?;
+        let call = AcquireCall::new(cmd, watch)?;
+        let row = match &self.batches {
+            Some(batches) => {
+                batches
+                    .acquire
+                    .run(call, wait.unwrap_or(self.connect_wait))
+                    .await?
+            }
+            None => {
+                self.query_one(ACQUIRE, &call.params(&self.clock.offset_ms()), wait)
+                    .await?
+            }
+        }
+        .ok_or_else(|| StoreError::Corrupt("idempotency_acquire returned no row".into()))?;
         let decision: &str = row.try_get("decision")?;
         let decision = Decision::from_stored(decision)
             .ok_or_else(|| StoreError::Corrupt(format!("unknown decision {decision:?}")))?;
@@ -306,39 +355,19 @@ impl Store {
         backoff: Backoff,
         wait: Option<Duration>,
     ) -> Result<Record, StoreError> {
-        let empty = Default::default();
-        let (success, error, permanent, retry_after) = match &cmd.outcome {
-            Outcome::Success(result) => (result, "", false, None),
-            Outcome::Failure {
-                error,
-                permanent,
-                retry_after,
-            } => (&empty, error.as_str(), *permanent, retry_after.map(millis)),
-            Outcome::Release => (&empty, "", false, None),
+        let call = CompleteCall::new(cmd, backoff);
+        let row = match &self.batches {
+            Some(batches) => {
+                batches
+                    .complete
+                    .run(call, wait.unwrap_or(self.connect_wait))
+                    .await?
+            }
+            None => {
+                self.query_one(COMPLETE, &call.params(&self.clock.offset_ms()), wait)
+                    .await?
+            }
         };
-        let row = self
-            .query_one(
-                COMPLETE,
-                &[
-                    &cmd.id.tenant.as_str(),
-                    &cmd.id.scope.as_str(),
-                    &cmd.id.key.as_str(),
-                    &cmd.token.as_uuid(),
-                    &cmd.outcome.stored_name(),
-                    &success.result.as_slice(),
-                    &success.content_type.as_str(),
-                    &success.status_code,
-                    &success.result_ref.as_str(),
-                    &error,
-                    &permanent,
-                    &retry_after,
-                    &millis(backoff.base),
-                    &millis(backoff.cap),
-                    &self.clock.offset_ms(),
-                ],
-                wait,
-            )
-            .await?;
         record_unless_refused(row)
     }
 

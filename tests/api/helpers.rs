@@ -11,7 +11,7 @@ use idempotency_coordinator::notify::Hub;
 use idempotency_coordinator::proto::coordinator_client::CoordinatorClient;
 use idempotency_coordinator::proto::{self, acquire_request, complete_request};
 use idempotency_coordinator::startup::Application;
-use idempotency_coordinator::store::Clock;
+use idempotency_coordinator::store::{Clock, Store};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
@@ -129,6 +129,8 @@ pub struct TestServer {
     pub clock: Clock,
     /// The server's waiter registry, to see how many calls wait.
     pub hub: Arc<Hub>,
+    /// The server's store, to see how many calls wait for a batch.
+    pub store: Store,
     shutdown: Option<oneshot::Sender<()>>,
     handle: Option<tokio::task::JoinHandle<()>>,
 }
@@ -172,6 +174,7 @@ pub async fn run_app(app: Application) -> TestServer {
     let addr = app.local_addr();
     let clock = app.clock();
     let hub = app.hub();
+    let store = app.store();
     let (tx, rx) = oneshot::channel();
     let handle = tokio::spawn(async move {
         app.run_until(async {
@@ -188,6 +191,7 @@ pub async fn run_app(app: Application) -> TestServer {
         client,
         clock,
         hub,
+        store,
         shutdown: Some(tx),
         handle: Some(handle),
     }

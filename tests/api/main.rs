@@ -3,6 +3,7 @@
 
 mod acquire;
 mod auth;
+mod batches;
 mod complete;
 mod concurrency;
 mod due;

@@ -15,6 +15,7 @@ async fn replicas_migrating_at_the_same_moment_apply_each_migration_once() {
         connect_wait: std::time::Duration::from_secs(10),
         query_timeout: DEFAULT_QUERY_TIMEOUT,
         shared_connections: 0,
+        batch_size: 1,
     };
     let runs = (0..6).map(|_| {
         let store = Store::new(&config, Clock::default()).unwrap();

@@ -1,0 +1,234 @@
+//! The two hot calls, Acquire and Complete, as owned arguments that either
+//! run alone (`idempotency_acquire`, `idempotency_complete`) or ride in a
+//! batch (`idempotency_acquire_batch`, `idempotency_complete_batch`). The
+//! arguments are bound in one place for both forms.
+
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
+
+use super::batch::Call;
+use super::mux::Shared;
+use super::{StoreError, millis};
+use crate::domain::{AcquireCommand, Backoff, CompleteCommand, Outcome};
+
+pub(super) const ACQUIRE: &str = "SELECT a.decision, a.retry_after_ms, (a.rec).* \
+     FROM idempotency_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) a";
+const ACQUIRE_BATCH: &str = "SELECT b.ord, b.decision, b.retry_after_ms, (b.rec).* \
+     FROM idempotency_acquire_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) b";
+pub(super) const COMPLETE: &str = "SELECT c.outcome, (c.rec).* \
+     FROM idempotency_complete($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) c";
+const COMPLETE_BATCH: &str = "SELECT b.ord, b.outcome, (b.rec).* \
+     FROM idempotency_complete_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) b";
+
+/// `idempotency_acquire`'s arguments but the clock offset.
+pub(super) struct AcquireCall {
+    tenant: String,
+    scope: String,
+    key: String,
+    fingerprint: String,
+    request_id: String,
+    lease_ms: i64,
+    max_attempts: i32,
+    retention_ms: i64,
+    watch_ms: i64,
+}
+
+impl AcquireCall {
+    pub fn new(cmd: &AcquireCommand, watch: std::time::Duration) -> Result<Self, StoreError> {
+        Ok(AcquireCall {
+            tenant: cmd.id.tenant.as_str().to_owned(),
+            scope: cmd.id.scope.as_str().to_owned(),
+            key: cmd.id.key.as_str().to_owned(),
+            fingerprint: cmd.fingerprint.as_str().to_owned(),
+            request_id: cmd.request_id.as_str().to_owned(),
+            lease_ms: millis(cmd.lease_ttl),
+            max_attempts: i32::try_from(cmd.max_attempts)
+                .map_err(|_| StoreError::Corrupt("max_attempts out of range".into()))?,
+            retention_ms: millis(cmd.retention),
+            watch_ms: millis(watch),
+        })
+    }
+
+    pub fn params<'a>(&'a self, clock_offset_ms: &'a i64) -> [&'a (dyn ToSql + Sync); 10] {
+        [
+            &self.tenant,
+            &self.scope,
+            &self.key,
+            &self.fingerprint,
+            &self.request_id,
+            &self.lease_ms,
+            &self.max_attempts,
+            &self.retention_ms,
+            &self.watch_ms,
+            clock_offset_ms,
+        ]
+    }
+}
+
+/// One column of a batch: field `f` of every call.
+fn column<'a, C, T: 'a>(calls: &'a [&'a C], f: impl Fn(&'a C) -> T) -> Vec<T> {
+    calls.iter().map(|c| f(c)).collect()
+}
+
+impl Call for AcquireCall {
+    fn row_key(&self) -> (&str, &str, &str) {
+        (&self.tenant, &self.scope, &self.key)
+    }
+
+    async fn one(&self, shared: &Shared, clock_offset_ms: i64) -> Result<Option<Row>, StoreError> {
+        let statement = shared.prepare(ACQUIRE).await?;
+        Ok(shared
+            .client
+            .query_opt(&statement, &self.params(&clock_offset_ms))
+            .await?)
+    }
+
+    async fn many(
+        calls: &[&Self],
+        shared: &Shared,
+        clock_offset_ms: i64,
+    ) -> Result<Vec<Row>, StoreError> {
+        let statement = shared.prepare(ACQUIRE_BATCH).await?;
+        Ok(shared
+            .client
+            .query(
+                &statement,
+                &[
+                    &column(calls, |c| c.tenant.as_str()),
+                    &column(calls, |c| c.scope.as_str()),
+                    &column(calls, |c| c.key.as_str()),
+                    &column(calls, |c| c.fingerprint.as_str()),
+                    &column(calls, |c| c.request_id.as_str()),
+                    &column(calls, |c| c.lease_ms),
+                    &column(calls, |c| c.max_attempts),
+                    &column(calls, |c| c.retention_ms),
+                    &column(calls, |c| c.watch_ms),
+                    &clock_offset_ms,
+                ],
+            )
+            .await?)
+    }
+}
+
+/// `idempotency_complete`'s arguments but the clock offset.
+pub(super) struct CompleteCall {
+    tenant: String,
+    scope: String,
+    key: String,
+    token: uuid::Uuid,
+    outcome: &'static str,
+    result: Vec<u8>,
+    content_type: String,
+    status_code: i32,
+    result_ref: String,
+    error: String,
+    permanent: bool,
+    retry_after_ms: Option<i64>,
+    backoff_base_ms: i64,
+    backoff_cap_ms: i64,
+}
+
+impl CompleteCall {
+    pub fn new(cmd: &CompleteCommand, backoff: Backoff) -> Self {
+        let mut call = CompleteCall {
+            tenant: cmd.id.tenant.as_str().to_owned(),
+            scope: cmd.id.scope.as_str().to_owned(),
+            key: cmd.id.key.as_str().to_owned(),
+            token: cmd.token.as_uuid(),
+            outcome: cmd.outcome.stored_name(),
+            result: Vec::new(),
+            content_type: String::new(),
+            status_code: 0,
+            result_ref: String::new(),
+            error: String::new(),
+            permanent: false,
+            retry_after_ms: None,
+            backoff_base_ms: millis(backoff.base),
+            backoff_cap_ms: millis(backoff.cap),
+        };
+        match &cmd.outcome {
+            Outcome::Success(success) => {
+                call.result.clone_from(&success.result);
+                call.content_type.clone_from(&success.content_type);
+                call.status_code = success.status_code;
+                call.result_ref.clone_from(&success.result_ref);
+            }
+            Outcome::Failure {
+                error,
+                permanent,
+                retry_after,
+            } => {
+                call.error = error.as_str().to_owned();
+                call.permanent = *permanent;
+                call.retry_after_ms = retry_after.map(millis);
+            }
+            Outcome::Release => {}
+        }
+        call
+    }
+
+    pub fn params<'a>(&'a self, clock_offset_ms: &'a i64) -> [&'a (dyn ToSql + Sync); 15] {
+        [
+            &self.tenant,
+            &self.scope,
+            &self.key,
+            &self.token,
+            &self.outcome,
+            &self.result,
+            &self.content_type,
+            &self.status_code,
+            &self.result_ref,
+            &self.error,
+            &self.permanent,
+            &self.retry_after_ms,
+            &self.backoff_base_ms,
+            &self.backoff_cap_ms,
+            clock_offset_ms,
+        ]
+    }
+}
+
+impl Call for CompleteCall {
+    fn row_key(&self) -> (&str, &str, &str) {
+        (&self.tenant, &self.scope, &self.key)
+    }
+
+    async fn one(&self, shared: &Shared, clock_offset_ms: i64) -> Result<Option<Row>, StoreError> {
+        let statement = shared.prepare(COMPLETE).await?;
+        Ok(shared
+            .client
+            .query_opt(&statement, &self.params(&clock_offset_ms))
+            .await?)
+    }
+
+    async fn many(
+        calls: &[&Self],
+        shared: &Shared,
+        clock_offset_ms: i64,
+    ) -> Result<Vec<Row>, StoreError> {
+        let statement = shared.prepare(COMPLETE_BATCH).await?;
+        Ok(shared
+            .client
+            .query(
+                &statement,
+                &[
+                    &column(calls, |c| c.tenant.as_str()),
+                    &column(calls, |c| c.scope.as_str()),
+                    &column(calls, |c| c.key.as_str()),
+                    &column(calls, |c| c.token),
+                    &column(calls, |c| c.outcome),
+                    &column(calls, |c| c.result.as_slice()),
+                    &column(calls, |c| c.content_type.as_str()),
+                    &column(calls, |c| c.status_code),
+                    &column(calls, |c| c.result_ref.as_str()),
+                    &column(calls, |c| c.error.as_str()),
+                    &column(calls, |c| c.permanent),
+                    &column(calls, |c| c.retry_after_ms),
+                    &column(calls, |c| c.backoff_base_ms),
+                    &column(calls, |c| c.backoff_cap_ms),
+                    &clock_offset_ms,
+                ],
+            )
+            .await?)
+    }
+}

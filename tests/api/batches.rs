@@ -1,0 +1,283 @@
+//! Acquires and Completes that arrive together share one statement and one
+//! commit; each caller still gets its own answer, and one failing call does
+//! not fail the others.
+//!
+//! To make batches form on demand, a test trigger holds the statement of a
+//! "gate" key on an advisory lock the test owns: while the server's one batch
+//! worker waits there, the next calls queue; releasing the lock lets them run
+//! as one batch.
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use idempotency_coordinator::proto::{self, Decision};
+use tokio::task::JoinHandle;
+use tonic::Code;
+
+use crate::helpers::*;
+
+const GATE_LOCK: i64 = 4242;
+
+/// A server with one batch worker per kind, and the gate trigger installed.
+async fn gated_app() -> (TestApp, tokio_postgres::Client) {
+    let app = spawn_app_with(|c| c.store.shared_connections = 1).await;
+    let db = app.db.connect().await;
+    db.batch_execute(&format!(
+        "CREATE FUNCTION test_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.idempotency_key LIKE 'gate%' THEN
+                 PERFORM pg_advisory_xact_lock_shared({GATE_LOCK});
+             END IF;
+             IF NEW.idempotency_key LIKE 'poison%' THEN
+                 RAISE EXCEPTION 'this key is poisoned';
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER test_gate BEFORE INSERT OR UPDATE ON idempotency_keys
+             FOR EACH ROW EXECUTE FUNCTION test_gate();"
+    ))
+    .await
+    .expect("install the gate trigger");
+    (app, db)
+}
+
+/// With the gate shut and `gate_call` started: once that call waits at the
+/// gate (keeping the one worker busy), starts `calls`, and opens the gate
+/// once all of them wait in the server's queue. Returns the calls' answers.
+async fn batched<T: Send + 'static>(
+    app: &TestApp,
+    db: &tokio_postgres::Client,
+    gate_call: JoinHandle<()>,
+    calls: impl FnOnce() -> Vec<JoinHandle<T>>,
+) -> Vec<T> {
+    eventually(
+        "the gate call to wait at the gate",
+        Duration::from_secs(10),
+        || async {
+            let waiting: i64 = db
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event = 'advisory'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            (waiting > 0).then_some(())
+        },
+    )
+    .await;
+    let calls = calls();
+    let queued = calls.len();
+    eventually("the calls to queue", Duration::from_secs(10), || async {
+        (app.store.queued_calls() == queued).then_some(())
+    })
+    .await;
+    db.execute("SELECT pg_advisory_unlock($1)", &[&GATE_LOCK])
+        .await
+        .unwrap();
+    gate_call.await.unwrap();
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(call.await.unwrap());
+    }
+    answers
+}
+
+async fn shut_gate(db: &tokio_postgres::Client) {
+    db.execute("SELECT pg_advisory_lock($1)", &[&GATE_LOCK])
+        .await
+        .unwrap();
+}
+
+/// Transactions that last wrote the rows of these keys.
+async fn writers(db: &tokio_postgres::Client, keys: &[String]) -> i64 {
+    db.query_one(
+        "SELECT count(DISTINCT xmin::text) FROM idempotency_keys WHERE idempotency_key = ANY($1)",
+        &[&keys],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+fn acquire_in_background(
+    app: &TestApp,
+    key: &str,
+) -> JoinHandle<Result<proto::AcquireResponse, tonic::Status>> {
+    let mut client = app.client.clone();
+    let req = acquire("batch", key);
+    tokio::spawn(async move { client.acquire(req).await.map(|r| r.into_inner()) })
+}
+
+fn gate_acquire(app: &TestApp, key: &str) -> JoinHandle<()> {
+    let call = acquire_in_background(app, key);
+    tokio::spawn(async move {
+        call.await
+            .unwrap()
+            .expect("the gate call passes once opened");
+    })
+}
+
+#[tokio::test]
+async fn acquires_that_arrive_together_share_one_commit_and_each_get_their_own_answer() {
+    let (app, db) = gated_app().await;
+    shut_gate(&db).await;
+    let gate = gate_acquire(&app, "gate-1");
+    // Sent in descending order; the batch runs them in key order.
+    let keys: Vec<String> = (0..10).rev().map(|i| format!("k{i}")).collect();
+    let answers = batched(&app, &db, gate, || {
+        let mut calls: Vec<_> = keys
+            .iter()
+            .map(|k| acquire_in_background(&app, k))
+            .collect();
+        calls.push(acquire_in_background(&app, "k3"));
+        calls
+    })
+    .await;
+
+    for (key, answer) in keys.iter().zip(&answers) {
+        let answer = answer.as_ref().expect("every call in the batch answers");
+        assert_eq!(answer.record.as_ref().unwrap().key, *key);
+    }
+    let proceeded = |key: &str| {
+        answers
+            .iter()
+            .filter(|a| {
+                let a = a.as_ref().unwrap();
+                a.record.as_ref().unwrap().key == key && decision(a) == Decision::Proceed
+            })
+            .count()
+    };
+    for key in &keys {
+        assert_eq!(proceeded(key), 1, "exactly one lease for {key}");
+    }
+    // The second call for k3 in the same batch sees the first one's lease.
+    assert_eq!(
+        decision(answers.last().unwrap().as_ref().unwrap()),
+        Decision::InProgress
+    );
+    assert_eq!(
+        writers(&db, &keys).await,
+        1,
+        "one transaction wrote them all"
+    );
+}
+
+#[tokio::test]
+async fn completes_that_arrive_together_share_one_commit_and_store_each_result() {
+    let (app, db) = gated_app().await;
+    let mut c = app.client.clone();
+    let keys: Vec<String> = (0..8).map(|i| format!("c{i}")).collect();
+    let mut tokens = Vec::new();
+    for key in &keys {
+        tokens.push(token(&proceed(&mut c, acquire("batch", key)).await));
+    }
+    let gate_token = token(&proceed(&mut c, acquire("batch", "gate-c")).await);
+
+    shut_gate(&db).await;
+    let gate = {
+        let mut c = app.client.clone();
+        tokio::spawn(async move {
+            c.complete(complete("batch", "gate-c", &gate_token, success(b"gate")))
+                .await
+                .expect("the gate call passes once opened");
+        })
+    };
+    let calls = || {
+        keys.iter()
+            .zip(&tokens)
+            .rev()
+            .map(|(key, token)| {
+                let mut c = app.client.clone();
+                let req = complete("batch", key, token, success(key.as_bytes()));
+                tokio::spawn(async move { c.complete(req).await.map(|r| r.into_inner()) })
+            })
+            .collect()
+    };
+    for answer in batched(&app, &db, gate, calls).await {
+        let record = answer.expect("every Complete answers").record.unwrap();
+        assert_eq!(status_of(&record), proto::Status::Succeeded);
+        assert_eq!(record.result.unwrap().result, record.key.as_bytes());
+    }
+    assert_eq!(
+        writers(&db, &keys).await,
+        1,
+        "one transaction wrote them all"
+    );
+    for key in &keys {
+        let replay = c.acquire(acquire("batch", key)).await.unwrap().into_inner();
+        assert_eq!(decision(&replay), Decision::AlreadyDone);
+        assert_eq!(
+            replay.record.unwrap().result.unwrap().result,
+            key.as_bytes()
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_call_that_fails_in_a_batch_does_not_fail_the_others() {
+    let (app, db) = gated_app().await;
+    shut_gate(&db).await;
+    let gate = gate_acquire(&app, "gate-p");
+    let keys: Vec<String> = (0..6).map(|i| format!("p{i}")).collect();
+    let mut answers = batched(&app, &db, gate, || {
+        let mut calls: Vec<_> = keys
+            .iter()
+            .map(|k| acquire_in_background(&app, k))
+            .collect();
+        calls.insert(3, acquire_in_background(&app, "poison"));
+        calls
+    })
+    .await;
+
+    let poisoned = answers.remove(3).expect_err("the poisoned call fails");
+    assert_eq!(poisoned.code(), Code::Internal);
+    assert!(
+        !poisoned.message().contains("poisoned"),
+        "the database's message stays in the log: {poisoned:?}"
+    );
+    for (key, answer) in keys.iter().zip(answers) {
+        let answer = answer.expect("the others succeed");
+        assert_eq!(decision(&answer), Decision::Proceed);
+        assert_eq!(answer.record.unwrap().key, *key);
+    }
+    assert_eq!(app.db.count_records().await, 7, "the six and the gate");
+}
+
+/// Two servers batching new keys in opposite orders on one database: without
+/// a common lock order their batches would deadlock (and answer UNAVAILABLE).
+#[tokio::test]
+async fn two_servers_batching_the_same_keys_in_opposite_orders_never_deadlock() {
+    let db = TestDatabase::create().await;
+    let config = || {
+        let mut config = idempotency_coordinator::config::ServeConfig::new(
+            "127.0.0.1:0".parse().unwrap(),
+            db.url.clone(),
+        );
+        config.store.shared_connections = 1;
+        config
+    };
+    let (a, b) = tokio::join!(start_server(config()), start_server(config()));
+    for round in 0..20 {
+        let keys: Vec<String> = (0..16).map(|i| format!("r{round}-{i:02}")).collect();
+        let calls = keys
+            .iter()
+            .map(|k| (a.client.clone(), k.clone()))
+            .chain(keys.iter().rev().map(|k| (b.client.clone(), k.clone())))
+            .map(|(mut c, k)| async move { c.acquire(acquire("deadlock", &k)).await });
+        let answers: Vec<_> = join_all(calls)
+            .await
+            .into_iter()
+            .map(|a| a.expect("no call fails").into_inner())
+            .collect();
+        for key in &keys {
+            let leases = answers
+                .iter()
+                .filter(|a| a.record.as_ref().unwrap().key == *key)
+                .filter(|a| decision(a) == Decision::Proceed)
+                .count();
+            assert_eq!(leases, 1, "one lease for {key}");
+        }
+    }
+}
