@@ -10,6 +10,7 @@ mod wait;
 
 pub use due::FeedConfig;
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -100,28 +101,42 @@ type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Coordinator for CoordinatorService {
-    async fn acquire(
-        &self,
+    // Written out rather than `async fn`: the request is decoded before the
+    // future is built, so a call waiting in its window does not keep the
+    // request (metadata and message) in its future; only the command does.
+    fn acquire<'life0, 'async_trait>(
+        &'life0 self,
         request: Request<proto::AcquireRequest>,
-    ) -> Result<Response<proto::AcquireResponse>, Status> {
+    ) -> Pin<
+        Box<
+            dyn Future<Output = Result<Response<proto::AcquireResponse>, Status>>
+                + Send
+                + 'async_trait,
+        >,
+    >
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
         let budget = call_budget(request.metadata());
-        let cmd = decode::acquire(
-            self.caller(&request)?.tenant,
-            request.into_inner(),
-            &self.policy,
-        )?;
-        let window = wait::window(cmd.wait, budget);
-        let acquired = if window.is_zero() {
-            self.store
-                .acquire(&cmd, Duration::ZERO, self.connect_wait(budget))
-                .await
-        } else {
-            let subscription = self.hub.subscribe(cmd.id.clone()).map_err(Error::from)?;
-            wait::acquire(&self.store, subscription, &cmd, window).await
-        }
-        .map_err(Error::from)?;
-        tracing::debug!(scope = cmd.id.scope.as_str(), decision = ?acquired.decision, "acquire");
-        Ok(Response::new(encode::acquired(acquired)))
+        let decoded = self
+            .caller(&request)
+            .and_then(|caller| decode::acquire(caller.tenant, request.into_inner(), &self.policy));
+        Box::pin(async move {
+            let cmd = decoded?;
+            let window = wait::window(cmd.wait, budget);
+            let acquired = if window.is_zero() {
+                self.store
+                    .acquire(&cmd, Duration::ZERO, self.connect_wait(budget))
+                    .await
+            } else {
+                let subscription = self.hub.subscribe(cmd.id.clone()).map_err(Error::from)?;
+                wait::acquire(&self.store, subscription, &cmd, window).await
+            }
+            .map_err(Error::from)?;
+            tracing::debug!(scope = cmd.id.scope.as_str(), decision = ?acquired.decision, "acquire");
+            Ok(Response::new(encode::acquired(acquired)))
+        })
     }
 
     async fn complete(
