@@ -78,6 +78,24 @@ struct Args {
     /// clients) instead of as fast as it goes, to read latency at a given load.
     #[arg(long)]
     rate: Option<f64>,
+    /// The server's process id, when it runs on this machine: `wait` then
+    /// reports the server's resident memory while every waiter is parked.
+    #[arg(long)]
+    server_pid: Option<u32>,
+}
+
+/// Resident memory of process `pid` in MiB, from /proc (Linux).
+fn resident_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -526,6 +544,13 @@ async fn wait_release(args: &Args, clients: &[Client], run: &str) {
         .collect();
     // Let every waiter reach the server and park.
     tokio::time::sleep(Duration::from_secs(2)).await;
+    let rss = args.server_pid.and_then(resident_mib);
+    if let Some(rss) = rss {
+        println!(
+            "wait: server resident memory with {} waiters parked: {rss:.1} MiB",
+            args.waiters
+        );
+    }
 
     let released = Instant::now();
     holder
@@ -554,12 +579,14 @@ async fn wait_release(args: &Args, clients: &[Client], run: &str) {
         last.as_secs_f64() * 1000.0,
     );
     println!(
-        "RESULT scenario=wait waiters={} complete_ms={:.2} p50_ms={:.2} p99_ms={:.2} last_ms={:.2}",
+        "RESULT scenario=wait waiters={} complete_ms={:.2} p50_ms={:.2} p99_ms={:.2} last_ms={:.2}{}",
         args.waiters,
         completed.as_secs_f64() * 1000.0,
         ms(&delays, 0.5),
         ms(&delays, 0.99),
         last.as_secs_f64() * 1000.0,
+        rss.map(|mib| format!(" server_rss_mib={mib:.1}"))
+            .unwrap_or_default(),
     );
 }
 
