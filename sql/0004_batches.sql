@@ -25,13 +25,38 @@ CREATE FUNCTION idempotency_acquire_batch(
 )
 RETURNS TABLE (ord integer, decision text, retry_after_ms bigint, rec idempotency_keys)
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
+    e     record;
 BEGIN
-    FOR i IN 1 .. coalesce(array_length(p_key, 1), 0) LOOP
-        RETURN QUERY
-            SELECT i, a.decision, a.retry_after_ms, a.rec
-              FROM idempotency_acquire(p_tenant[i], p_scope[i], p_key[i], p_fingerprint[i],
-                                       p_request_id[i], p_lease_ms[i], p_max_attempts[i],
-                                       p_retention_ms[i], p_watch_ms[i], p_clock_offset_ms) a;
+    -- One read of every call's row first. A live SUCCEEDED row (final) or a
+    -- live row with another fingerprint (fixed at creation) is answered from
+    -- it, ALREADY_DONE or CONFLICT, as idempotency_acquire's lock-free path
+    -- would: no call before it in the batch can change such a row. Every
+    -- other call runs idempotency_acquire in turn.
+    FOR e IN
+        SELECT u.i::integer AS i, k AS r, k.tenant IS NOT NULL AS found
+          FROM unnest(p_tenant, p_scope, p_key) WITH ORDINALITY AS u(tenant, scope, key, i)
+          LEFT JOIN idempotency_keys k
+            ON k.tenant = u.tenant AND k.scope = u.scope AND k.idempotency_key = u.key
+         ORDER BY u.i
+    LOOP
+        IF e.found AND (e.r).expires_at > v_now
+           AND ((e.r).fingerprint <> p_fingerprint[e.i] OR (e.r).status = 'SUCCEEDED') THEN
+            ord := e.i;
+            decision := CASE WHEN (e.r).fingerprint <> p_fingerprint[e.i]
+                             THEN 'CONFLICT' ELSE 'ALREADY_DONE' END;
+            retry_after_ms := NULL;
+            rec := e.r;
+            RETURN NEXT;
+        ELSE
+            RETURN QUERY
+                SELECT e.i, a.decision, a.retry_after_ms, a.rec
+                  FROM idempotency_acquire(p_tenant[e.i], p_scope[e.i], p_key[e.i],
+                                           p_fingerprint[e.i], p_request_id[e.i], p_lease_ms[e.i],
+                                           p_max_attempts[e.i], p_retention_ms[e.i], p_watch_ms[e.i],
+                                           p_clock_offset_ms) a;
+        END IF;
     END LOOP;
 END;
 $$;
