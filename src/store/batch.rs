@@ -156,7 +156,7 @@ async fn work<C: Call>(
 async fn run<C: Call>(settings: &Settings, batch: &mut Vec<Pending<C>>) {
     let shared = match settings.mux.get(settings.connect_wait).await {
         Ok(shared) => shared,
-        Err(e) => return fail_all(batch, &e),
+        Err(e) => return fail_all(batch, e),
     };
     let offset = settings.clock.offset_ms();
     let limit = settings.query_timeout;
@@ -174,11 +174,11 @@ async fn run<C: Call>(settings: &Settings, batch: &mut Vec<Pending<C>>) {
                 let _ = pending.reply.send(Ok(row));
             }
         }
-        Err(e @ StoreError::Unavailable(_)) => fail_all(batch, &e),
+        Err(e @ StoreError::Unavailable(_)) => fail_all(batch, e),
         Err(e) => {
             tracing::warn!(
                 calls = batch.len(),
-                error = %crate::error::cause_chain(&e),
+                error = ?e,
                 "a batch failed; running its calls one by one"
             );
             for pending in batch.drain(..) {
@@ -210,14 +210,22 @@ fn by_position(rows: Vec<Row>, calls: usize) -> Result<Vec<Option<Row>>, StoreEr
     Ok(slots)
 }
 
-/// Every caller of the batch gets the error (the store's errors cannot be
-/// cloned, so each gets its text and cause chain).
-fn fail_all<C>(batch: &mut Vec<Pending<C>>, error: &StoreError) {
-    let text = crate::error::cause_chain(error);
+/// Why a call failed with its whole batch; the batch's error is its source,
+/// shared by every call of the batch.
+#[derive(Debug, thiserror::Error)]
+#[error("the batch carrying this call failed")]
+struct BatchFailed(#[source] Arc<StoreError>);
+
+/// Every caller of the batch hears that the database is unavailable, with
+/// the batch's error as the cause.
+fn fail_all<C>(batch: &mut Vec<Pending<C>>, error: StoreError) {
+    let error = Arc::new(error);
     for pending in batch.drain(..) {
         let _ = pending
             .reply
-            .send(Err(StoreError::Unavailable(text.clone().into())));
+            .send(Err(StoreError::Unavailable(Box::new(BatchFailed(
+                Arc::clone(&error),
+            )))));
     }
 }
 
