@@ -20,8 +20,9 @@ use crate::tls::TlsFiles;
 pub const DEFAULT_POOL_SIZE: usize = 16;
 /// How long a call waits for a database connection before UNAVAILABLE.
 pub const DEFAULT_CONNECT_WAIT: Duration = Duration::from_secs(1);
-/// Connections all calls share, their statements pipelined (measured best
-/// on 2 cores; see README); 0: a pooled connection per call.
+/// Connections all calls share, their statements pipelined, and batches of
+/// each kind running at once (measured best on 2 cores; see README); 0: a
+/// pooled connection per call.
 pub const DEFAULT_SHARED_CONNECTIONS: usize = 2;
 /// Acquires (or Completes) that one statement carries at most when they
 /// arrive together; 1: each runs alone.
@@ -127,8 +128,9 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEMPOTENCY_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
 
-    /// Connections shared by all calls, their statements pipelined on them
-    /// (0: every call takes a pooled connection of its own).
+    /// Connections shared by all calls, their statements pipelined on them;
+    /// also how many Acquire batches (and Complete batches) run at once
+    /// (0: every call takes a pooled connection of its own, no batches).
     #[arg(long, env = "IDEMPOTENCY_SHARED_CONNECTIONS", default_value_t = DEFAULT_SHARED_CONNECTIONS)]
     pub shared_connections: usize,
 

@@ -13,6 +13,10 @@
 //! - [`store`]: the database seam. One method per SQL function in `sql/`
 //!   (where the Acquire/Complete/ExtendLease decisions really live, under row
 //!   locks and the database clock); [`store::migrate`] applies `sql/` in order.
+//!   Calls' statements are pipelined on a few shared connections
+//!   (`store::mux`), and Acquires and Completes that arrive together share one
+//!   statement and one commit (`store::batch`, group commit; their arguments
+//!   are bound in `store::calls`).
 //! - [`service`]: the gRPC `Coordinator` trait: decode into domain commands,
 //!   call the store, encode the answer; `service::wait` holds Acquire's wait
 //!   window and the Watch stream.
