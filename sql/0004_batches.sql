@@ -93,3 +93,26 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+-- A batch holds several row locks at once, so any statement that waits for
+-- several row locks must take them in the batches' order too, or the two
+-- could deadlock: (tenant, scope, key) in byte order, as the server sorts
+-- them. Statements with SKIP LOCKED never wait and need no order; this one
+-- waits, so it now locks in order before it updates.
+CREATE OR REPLACE FUNCTION idempotency_release_offers(p_subscriber uuid)
+RETURNS bigint
+LANGUAGE sql AS $$
+    WITH offered AS (
+        SELECT k.tenant, k.scope, k.idempotency_key FROM idempotency_keys k
+         WHERE k.offered_to = p_subscriber
+         ORDER BY k.tenant COLLATE "C", k.scope COLLATE "C", k.idempotency_key COLLATE "C"
+           FOR UPDATE
+    ), released AS (
+        UPDATE idempotency_keys k SET offered_until = NULL, offered_to = NULL
+          FROM offered o
+         WHERE k.tenant = o.tenant AND k.scope = o.scope AND k.idempotency_key = o.idempotency_key
+           AND k.offered_to = p_subscriber
+        RETURNING 1
+    )
+    SELECT count(*) FROM released
+$$;
