@@ -11,8 +11,9 @@
 //! - **No deadlocks between batches.** Calls are ordered by (tenant, scope,
 //!   key) before they are sent, so every batch locks rows in the same order.
 //! - **One call's failure stays its own.** If the batch statement fails with
-//!   anything but an unavailable database, it rolled back whole, and its calls
-//!   run again one by one, each getting its own answer.
+//!   anything but an unavailable database (a deadlock or serialization
+//!   failure included), it rolled back whole, and its calls run again one by
+//!   one, each getting its own answer.
 //! - **Callers that gave up are skipped**, so a call that timed out in the
 //!   queue never takes a lease nobody will hear of.
 
@@ -174,7 +175,8 @@ async fn run<C: Call>(settings: &Settings, batch: &mut Vec<Pending<C>>) {
                 let _ = pending.reply.send(Ok(row));
             }
         }
-        Err(e @ StoreError::Unavailable(_)) => fail_all(batch, e),
+        // Running the calls alone would meet the same unavailable database.
+        Err(e @ StoreError::Unavailable(_)) if !e.is_conflict() => fail_all(batch, e),
         Err(e) => {
             tracing::warn!(
                 calls = batch.len(),

@@ -64,6 +64,20 @@ impl From<tokio_postgres::Error> for StoreError {
     }
 }
 
+impl StoreError {
+    /// A deadlock or serialization failure: the statement rolled back whole,
+    /// and running its work again can succeed.
+    fn is_conflict(&self) -> bool {
+        let StoreError::Unavailable(source) = self else {
+            return false;
+        };
+        source
+            .downcast_ref::<tokio_postgres::Error>()
+            .and_then(tokio_postgres::Error::as_db_error)
+            .is_some_and(|db| db.code().code().starts_with("40"))
+    }
+}
+
 /// Lost connections, server shutdowns and resource exhaustion go away on their
 /// own; anything else is a bug or a broken schema.
 fn is_transient(error: &tokio_postgres::Error) -> bool {
