@@ -29,19 +29,22 @@ DECLARE
     v_now timestamptz := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
     e     record;
 BEGIN
-    -- One read of every call's row first. A live SUCCEEDED row (final) or a
-    -- live row with another fingerprint (fixed at creation) is answered from
-    -- it, ALREADY_DONE or CONFLICT, as idempotency_acquire's lock-free path
-    -- would: no call before it in the batch can change such a row. Every
-    -- other call runs idempotency_acquire in turn.
+    -- One read of every call's row first. The first call of the batch on a
+    -- row that is live and SUCCEEDED (final) or carries another fingerprint
+    -- (fixed at creation) is answered from that read, ALREADY_DONE or
+    -- CONFLICT, exactly as idempotency_acquire's lock-free path would: no
+    -- call before it in the batch touched the row. Every other call (later
+    -- calls on a row included, so that they see what earlier ones did) runs
+    -- idempotency_acquire in turn.
     FOR e IN
-        SELECT u.i::integer AS i, k AS r, k.tenant IS NOT NULL AS found
+        SELECT u.i::integer AS i, k AS r, k.tenant IS NOT NULL AS found,
+               row_number() OVER (PARTITION BY u.tenant, u.scope, u.key ORDER BY u.i) = 1 AS first
           FROM unnest(p_tenant, p_scope, p_key) WITH ORDINALITY AS u(tenant, scope, key, i)
           LEFT JOIN idempotency_keys k
             ON k.tenant = u.tenant AND k.scope = u.scope AND k.idempotency_key = u.key
          ORDER BY u.i
     LOOP
-        IF e.found AND (e.r).expires_at > v_now
+        IF e.found AND e.first AND (e.r).expires_at > v_now
            AND ((e.r).fingerprint <> p_fingerprint[e.i] OR (e.r).status = 'SUCCEEDED') THEN
             ord := e.i;
             decision := CASE WHEN (e.r).fingerprint <> p_fingerprint[e.i]

@@ -50,8 +50,21 @@ async fn batched<T: Send + 'static>(
     gate_call: JoinHandle<()>,
     calls: impl FnOnce() -> Vec<JoinHandle<T>>,
 ) -> Vec<T> {
+    until_gate_holds(db).await;
+    let calls = calls();
+    until_queued(app, calls.len()).await;
+    open_gate(db, gate_call).await;
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(call.await.unwrap());
+    }
+    answers
+}
+
+/// Until a statement waits at the gate.
+async fn until_gate_holds(db: &tokio_postgres::Client) {
     eventually(
-        "the gate call to wait at the gate",
+        "a call to wait at the gate",
         Duration::from_secs(10),
         || async {
             let waiting: i64 = db
@@ -67,21 +80,22 @@ async fn batched<T: Send + 'static>(
         },
     )
     .await;
-    let calls = calls();
-    let queued = calls.len();
+}
+
+/// Until `n` calls wait in the server's queue for a batch.
+async fn until_queued(app: &TestApp, n: usize) {
     eventually("the calls to queue", Duration::from_secs(10), || async {
-        (app.store.queued_calls() == queued).then_some(())
+        (app.store.queued_calls() == n).then_some(())
     })
     .await;
+}
+
+/// Lets the gate call through and waits for it.
+async fn open_gate(db: &tokio_postgres::Client, gate_call: JoinHandle<()>) {
     db.execute("SELECT pg_advisory_unlock($1)", &[&GATE_LOCK])
         .await
         .unwrap();
     gate_call.await.unwrap();
-    let mut answers = Vec::new();
-    for call in calls {
-        answers.push(call.await.unwrap());
-    }
-    answers
 }
 
 async fn shut_gate(db: &tokio_postgres::Client) {
@@ -101,12 +115,14 @@ async fn writers(db: &tokio_postgres::Client, keys: &[String]) -> i64 {
     .get(0)
 }
 
-fn acquire_in_background(
-    app: &TestApp,
-    key: &str,
-) -> JoinHandle<Result<proto::AcquireResponse, tonic::Status>> {
+type AcquireCall = JoinHandle<Result<proto::AcquireResponse, tonic::Status>>;
+
+fn acquire_in_background(app: &TestApp, key: &str) -> AcquireCall {
+    send_in_background(app, acquire("batch", key))
+}
+
+fn send_in_background(app: &TestApp, req: proto::AcquireRequest) -> AcquireCall {
     let mut client = app.client.clone();
-    let req = acquire("batch", key);
     tokio::spawn(async move { client.acquire(req).await.map(|r| r.into_inner()) })
 }
 
@@ -162,6 +178,40 @@ async fn acquires_that_arrive_together_share_one_commit_and_each_get_their_own_a
         1,
         "one transaction wrote them all"
     );
+}
+
+/// The first call on a key in a batch may be answered from the batch's
+/// first read; a later one must see what the earlier ones did.
+#[tokio::test]
+async fn a_later_call_on_a_key_in_a_batch_sees_what_an_earlier_one_did() {
+    let (app, db) = gated_app().await;
+    let mut c = app.client.clone();
+    proceed(&mut c, with_fingerprint(acquire("batch", "k"), "a")).await;
+    // The lease runs out: the next Acquire with fingerprint "a" takes over.
+    app.clock.advance(Duration::from_secs(16 * 60));
+
+    shut_gate(&db).await;
+    let gate = gate_acquire(&app, "gate-s");
+    until_gate_holds(&db).await;
+    let takeover = send_in_background(&app, with_fingerprint(acquire("batch", "k"), "a"));
+    until_queued(&app, 1).await;
+    let other = send_in_background(&app, with_fingerprint(acquire("batch", "k"), "b"));
+    until_queued(&app, 2).await;
+    open_gate(&db, gate).await;
+
+    let takeover = takeover.await.unwrap().expect("takeover");
+    assert_eq!(decision(&takeover), Decision::Proceed);
+    let taken = takeover.record.unwrap();
+    assert_eq!(taken.attempt_count, 2);
+    let other = other.await.unwrap().expect("conflict");
+    assert_eq!(decision(&other), Decision::Conflict);
+    let seen = other.record.unwrap();
+    assert_eq!(
+        (seen.attempt_count, seen.fencing_token),
+        (taken.attempt_count, taken.fencing_token),
+        "the CONFLICT shows the record as the takeover left it"
+    );
+    assert_eq!(writers(&db, &["k".to_owned()]).await, 1);
 }
 
 #[tokio::test]
