@@ -22,6 +22,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::Row;
 
@@ -64,6 +66,8 @@ pub(super) struct Settings {
 
 struct Pending<C> {
     call: C,
+    /// A call not taken by then is answered UNAVAILABLE instead of run.
+    take_by: Instant,
     reply: oneshot::Sender<Result<Option<Row>, StoreError>>,
 }
 
@@ -72,7 +76,6 @@ pub(super) struct Coalescer<C: Call> {
     queue: mpsc::UnboundedSender<Pending<C>>,
     /// Calls sent and not yet taken by a worker.
     queued: Arc<AtomicUsize>,
-    query_timeout: Duration,
 }
 
 impl<C: Call> Coalescer<C> {
@@ -81,7 +84,6 @@ impl<C: Call> Coalescer<C> {
     pub fn start(settings: Settings) -> Self {
         let (queue, receiver) = mpsc::unbounded_channel();
         let receiver = Arc::new(Mutex::new(receiver));
-        let query_timeout = settings.query_timeout;
         let queued = Arc::new(AtomicUsize::new(0));
         let settings = Arc::new(settings);
         for _ in 0..settings.workers.max(1) {
@@ -91,11 +93,7 @@ impl<C: Call> Coalescer<C> {
                 Arc::clone(&settings),
             ));
         }
-        Coalescer {
-            queue,
-            queued,
-            query_timeout,
-        }
+        Coalescer { queue, queued }
     }
 
     /// Calls waiting for a batch to take them.
@@ -103,26 +101,29 @@ impl<C: Call> Coalescer<C> {
         self.queued.load(Ordering::Relaxed)
     }
 
-    /// Queues `call` and waits for its row: at most `wait` for a batch to
-    /// take it and the query timeout for the batch to run.
+    /// Queues `call` and waits for its row. A call no batch has taken within
+    /// `wait` is answered UNAVAILABLE without running; once taken, the
+    /// caller waits for the batch, whose run the worker bounds, so a caller
+    /// never gives up on a statement that may still commit.
     pub async fn run(&self, call: C, wait: Duration) -> Result<Option<Row>, StoreError> {
         let (reply, answer) = oneshot::channel();
+        let pending = Pending {
+            call,
+            take_by: Instant::now() + wait,
+            reply,
+        };
         self.queued.fetch_add(1, Ordering::Relaxed);
-        if self.queue.send(Pending { call, reply }).is_err() {
+        if self.queue.send(pending).is_err() {
             self.queued.fetch_sub(1, Ordering::Relaxed);
             return Err(StoreError::Unavailable(
                 "the server is shutting down".into(),
             ));
         }
-        match tokio::time::timeout(wait + self.query_timeout, answer).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(StoreError::Unavailable(
+        answer.await.unwrap_or_else(|_| {
+            Err(StoreError::Unavailable(
                 "the batch carrying this call was dropped".into(),
-            )),
-            Err(_) => Err(StoreError::Unavailable(
-                "no batch took this call in time".into(),
-            )),
-        }
+            ))
+        })
     }
 }
 
@@ -145,11 +146,29 @@ async fn work<C: Call>(
             return;
         }
         queued.fetch_sub(batch.len(), Ordering::Relaxed);
-        batch.retain(|p: &Pending<C>| !p.reply.is_closed());
+        drop_late(&mut batch);
         if !batch.is_empty() {
             run(&settings, &mut batch).await;
         }
         batch.clear();
+    }
+}
+
+/// Drops the calls whose caller gave up, and answers UNAVAILABLE to those
+/// that waited longer than they were prepared to for a batch to take them.
+fn drop_late<C>(batch: &mut Vec<Pending<C>>) {
+    let now = Instant::now();
+    for pending in std::mem::take(batch) {
+        if pending.reply.is_closed() {
+            continue;
+        }
+        if pending.take_by < now {
+            let _ = pending.reply.send(Err(StoreError::Unavailable(
+                "no database connection was free in time for this call".into(),
+            )));
+            continue;
+        }
+        batch.push(pending);
     }
 }
 
@@ -159,46 +178,54 @@ async fn run<C: Call>(settings: &Settings, batch: &mut Vec<Pending<C>>) {
         Ok(shared) => shared,
         Err(e) => return fail_all(batch, e),
     };
+    // (Re)connecting may have taken a while.
+    drop_late(batch);
     let offset = settings.clock.offset_ms();
     let limit = settings.query_timeout;
-    if let [alone] = batch.as_mut_slice() {
-        let answer = in_time(limit, alone.call.one(&shared, offset)).await;
-        return answer_one(batch.pop(), answer);
+    if batch.len() <= 1 {
+        if let Some(alone) = batch.pop() {
+            let answer = in_time(limit, alone.call.one(&shared, offset)).await;
+            let _ = alone.reply.send(answer);
+        }
+        return;
     }
     batch.sort_by(|a, b| a.call.row_key().cmp(&b.call.row_key()));
     let calls: Vec<&C> = batch.iter().map(|p| &p.call).collect();
     let rows = in_time(limit, C::many(&calls, &shared, offset)).await;
     drop(calls);
-    match rows.and_then(|rows| by_position(rows, batch.len())) {
-        Ok(rows) => {
-            for (pending, row) in batch.drain(..).zip(rows) {
-                let _ = pending.reply.send(Ok(row));
-            }
-        }
+    let rows = match rows {
+        Ok(rows) => rows,
         // Running the calls alone would meet the same unavailable database.
-        Err(e @ StoreError::Unavailable(_)) if !e.is_conflict() => fail_all(batch, e),
+        Err(e @ StoreError::Unavailable(_)) if !e.is_conflict() => return fail_all(batch, e),
         Err(e) => {
+            // The statement rolled back whole: every call may run again.
             tracing::warn!(
                 calls = batch.len(),
                 error = ?e,
                 "a batch failed; running its calls one by one"
             );
             for pending in batch.drain(..) {
-                let answer = in_time(limit, pending.call.one(&shared, offset)).await;
-                answer_one(Some(pending), answer);
+                if !pending.reply.is_closed() {
+                    let answer = in_time(limit, pending.call.one(&shared, offset)).await;
+                    let _ = pending.reply.send(answer);
+                }
+            }
+            return;
+        }
+    };
+    // The batch has committed: whatever its rows say, it must not run again.
+    match by_position(rows, batch.len()) {
+        Ok(rows) => {
+            for (pending, row) in batch.drain(..).zip(rows) {
+                let _ = pending.reply.send(Ok(Some(row)));
             }
         }
+        Err(e) => fail_all(batch, e),
     }
 }
 
-fn answer_one<C>(pending: Option<Pending<C>>, answer: Result<Option<Row>, StoreError>) {
-    if let Some(pending) = pending {
-        let _ = pending.reply.send(answer);
-    }
-}
-
-/// The batch's rows in the order of its calls.
-fn by_position(rows: Vec<Row>, calls: usize) -> Result<Vec<Option<Row>>, StoreError> {
+/// The batch's rows in the order of its calls: exactly one for each call.
+fn by_position(rows: Vec<Row>, calls: usize) -> Result<Vec<Row>, StoreError> {
     let mut slots: Vec<Option<Row>> = (0..calls).map(|_| None).collect();
     for row in rows {
         let ord: i32 = row.try_get("ord")?;
@@ -206,10 +233,17 @@ fn by_position(rows: Vec<Row>, calls: usize) -> Result<Vec<Option<Row>>, StoreEr
             .ok()
             .and_then(|ord| ord.checked_sub(1))
             .and_then(|i| slots.get_mut(i))
-            .ok_or_else(|| StoreError::Corrupt(format!("batch row for call {ord}")))?;
+            .filter(|slot| slot.is_none())
+            .ok_or_else(|| StoreError::Corrupt(format!("unexpected batch row for call {ord}")))?;
         *slot = Some(row);
     }
-    Ok(slots)
+    slots
+        .into_iter()
+        .enumerate()
+        .map(|(i, row)| {
+            row.ok_or_else(|| StoreError::Corrupt(format!("no batch row for call {}", i + 1)))
+        })
+        .collect()
 }
 
 /// Why a call failed with its whole batch; the batch's error is its source,
@@ -218,16 +252,21 @@ fn by_position(rows: Vec<Row>, calls: usize) -> Result<Vec<Option<Row>>, StoreEr
 #[error("the batch carrying this call failed")]
 struct BatchFailed(#[source] Arc<StoreError>);
 
-/// Every caller of the batch hears that the database is unavailable, with
-/// the batch's error as the cause.
+/// Every caller of the batch hears the batch's error: a row that does not
+/// match the SQL functions' promise as such, anything else as an unavailable
+/// database with the batch's error as the cause.
 fn fail_all<C>(batch: &mut Vec<Pending<C>>, error: StoreError) {
+    let corrupt = match &error {
+        StoreError::Corrupt(what) => Some(what.clone()),
+        _ => None,
+    };
     let error = Arc::new(error);
     for pending in batch.drain(..) {
-        let _ = pending
-            .reply
-            .send(Err(StoreError::Unavailable(Box::new(BatchFailed(
-                Arc::clone(&error),
-            )))));
+        let answer = match &corrupt {
+            Some(what) => StoreError::Corrupt(what.clone()),
+            None => StoreError::Unavailable(Box::new(BatchFailed(Arc::clone(&error)))),
+        };
+        let _ = pending.reply.send(Err(answer));
     }
 }
 
