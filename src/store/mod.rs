@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime, Timeouts};
+use tokio_postgres::error::SqlState;
 use tokio_postgres::{NoTls, Row, types::ToSql};
 
 use calls::{ACQUIRE, AcquireCall, COMPLETE, CompleteCall};
@@ -74,7 +75,14 @@ impl StoreError {
         source
             .downcast_ref::<tokio_postgres::Error>()
             .and_then(tokio_postgres::Error::as_db_error)
-            .is_some_and(|db| db.code().code().starts_with("40"))
+            .is_some_and(|db| {
+                // Not 40003 (statement completion unknown): that one may
+                // have committed.
+                matches!(
+                    *db.code(),
+                    SqlState::T_R_SERIALIZATION_FAILURE | SqlState::T_R_DEADLOCK_DETECTED
+                )
+            })
     }
 }
 
@@ -184,8 +192,13 @@ impl Store {
             .runtime(Runtime::Tokio1)
             .build()
             .map_err(|e| StoreError::Config(Box::new(e)))?;
-        let mux = (config.shared_connections > 0)
-            .then(|| Arc::new(mux::Mux::new(pg, config.shared_connections)));
+        let mux = (config.shared_connections > 0).then(|| {
+            Arc::new(mux::Mux::new(
+                pg,
+                config.shared_connections,
+                config.query_timeout,
+            ))
+        });
         let batches = match &mux {
             Some(mux) if config.batch_size > 1 => {
                 if tokio::runtime::Handle::try_current().is_err() {

@@ -39,14 +39,20 @@ impl Shared {
 /// The shared connections, handed out in turn.
 pub(super) struct Mux {
     pg: tokio_postgres::Config,
+    /// PostgreSQL's own limit on each statement, a little under the client's
+    /// query timeout: a statement that runs too long is then rolled back by
+    /// the database itself, rather than left running (and maybe committing)
+    /// after its caller heard UNAVAILABLE.
+    statement_timeout: Duration,
     slots: Vec<RwLock<Option<Arc<Shared>>>>,
     next: AtomicUsize,
 }
 
 impl Mux {
-    pub fn new(pg: tokio_postgres::Config, connections: usize) -> Self {
+    pub fn new(pg: tokio_postgres::Config, connections: usize, query_timeout: Duration) -> Self {
         Mux {
             pg,
+            statement_timeout: (query_timeout * 9 / 10).max(Duration::from_millis(1)),
             slots: (0..connections.max(1)).map(|_| RwLock::new(None)).collect(),
             next: AtomicUsize::new(0),
         }
@@ -73,6 +79,15 @@ impl Mux {
                 StoreError::Unavailable("connecting to the database timed out".into())
             })??;
         tokio::spawn(connection);
+        tokio::time::timeout(
+            wait,
+            client.batch_execute(&format!(
+                "SET statement_timeout = {}",
+                self.statement_timeout.as_millis()
+            )),
+        )
+        .await
+        .map_err(|_| StoreError::Unavailable("configuring the connection timed out".into()))??;
         let shared = Arc::new(Shared {
             client,
             prepared: std::sync::Mutex::new(HashMap::new()),
