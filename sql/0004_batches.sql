@@ -26,40 +26,40 @@ CREATE FUNCTION idempotency_acquire_batch(
 RETURNS TABLE (ord integer, decision text, retry_after_ms bigint, rec idempotency_keys)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now timestamptz := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
-    e     record;
+    r      idempotency_keys;
+    v_now  timestamptz;
+    v_seen text[] := '{}';
+    v_id   text;
 BEGIN
-    -- One read of every call's row first. The first call of the batch on a
-    -- row that is live and SUCCEEDED (final) or carries another fingerprint
-    -- (fixed at creation) is answered from that read, ALREADY_DONE or
-    -- CONFLICT, exactly as idempotency_acquire's lock-free path would: no
-    -- call before it in the batch touched the row. Every other call (later
-    -- calls on a row included, so that they see what earlier ones did) runs
-    -- idempotency_acquire in turn.
-    FOR e IN
-        SELECT u.i::integer AS i, k AS r, k.tenant IS NOT NULL AS found,
-               row_number() OVER (PARTITION BY u.tenant, u.scope, u.key ORDER BY u.i) = 1 AS first
-          FROM unnest(p_tenant, p_scope, p_key) WITH ORDINALITY AS u(tenant, scope, key, i)
-          LEFT JOIN idempotency_keys k
-            ON k.tenant = u.tenant AND k.scope = u.scope AND k.idempotency_key = u.key
-         ORDER BY u.i
-    LOOP
-        IF e.found AND e.first AND (e.r).expires_at > v_now
-           AND ((e.r).fingerprint <> p_fingerprint[e.i] OR (e.r).status = 'SUCCEEDED') THEN
-            ord := e.i;
-            decision := CASE WHEN (e.r).fingerprint <> p_fingerprint[e.i]
-                             THEN 'CONFLICT' ELSE 'ALREADY_DONE' END;
-            retry_after_ms := NULL;
-            rec := e.r;
-            RETURN NEXT;
-        ELSE
-            RETURN QUERY
-                SELECT e.i, a.decision, a.retry_after_ms, a.rec
-                  FROM idempotency_acquire(p_tenant[e.i], p_scope[e.i], p_key[e.i],
-                                           p_fingerprint[e.i], p_request_id[e.i], p_lease_ms[e.i],
-                                           p_max_attempts[e.i], p_retention_ms[e.i], p_watch_ms[e.i],
-                                           p_clock_offset_ms) a;
+    FOR i IN 1 .. coalesce(array_length(p_key, 1), 0) LOOP
+        -- The first call of the batch on a row that is live and SUCCEEDED
+        -- (final) or carries another fingerprint (fixed at creation) is
+        -- answered here, ALREADY_DONE or CONFLICT, exactly as
+        -- idempotency_acquire's lock-free path would, without its call.
+        -- Later calls on a row run idempotency_acquire, so that they see
+        -- what the earlier ones did.
+        v_id := p_tenant[i] || E'\n' || p_scope[i] || E'\n' || p_key[i];
+        IF NOT v_id = ANY (v_seen) THEN
+            v_seen := v_seen || v_id;
+            SELECT * INTO r FROM idempotency_keys k
+             WHERE k.tenant = p_tenant[i] AND k.scope = p_scope[i] AND k.idempotency_key = p_key[i];
+            v_now := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
+            IF FOUND AND r.expires_at > v_now
+               AND (r.fingerprint <> p_fingerprint[i] OR r.status = 'SUCCEEDED') THEN
+                ord := i;
+                decision := CASE WHEN r.fingerprint <> p_fingerprint[i]
+                                 THEN 'CONFLICT' ELSE 'ALREADY_DONE' END;
+                retry_after_ms := NULL;
+                rec := r;
+                RETURN NEXT;
+                CONTINUE;
+            END IF;
         END IF;
+        RETURN QUERY
+            SELECT i, a.decision, a.retry_after_ms, a.rec
+              FROM idempotency_acquire(p_tenant[i], p_scope[i], p_key[i], p_fingerprint[i],
+                                       p_request_id[i], p_lease_ms[i], p_max_attempts[i],
+                                       p_retention_ms[i], p_watch_ms[i], p_clock_offset_ms) a;
     END LOOP;
 END;
 $$;
