@@ -204,12 +204,17 @@ async fn run<C: Call>(settings: &Settings, batch: &mut Vec<Pending<C>>) {
                 error = ?e,
                 "a batch failed; running its calls one by one"
             );
-            for pending in batch.drain(..) {
-                if !pending.reply.is_closed() {
-                    let answer = in_time(limit, pending.call.one(&shared, offset)).await;
+            // Pipelined together: a call that fails every time costs its
+            // batch-mates one more round trip, not one each.
+            let shared = &shared;
+            let alone = batch
+                .drain(..)
+                .filter(|pending| !pending.reply.is_closed())
+                .map(|pending| async move {
+                    let answer = in_time(limit, pending.call.one(shared, offset)).await;
                     let _ = pending.reply.send(answer);
-                }
-            }
+                });
+            futures_util::future::join_all(alone).await;
             return;
         }
     };
