@@ -103,8 +103,9 @@ impl<C: Call> Coalescer<C> {
 
     /// Queues `call` and waits for its row. A call no batch has taken within
     /// `wait` is answered UNAVAILABLE without running; once taken, the
-    /// caller waits for the batch, whose run the worker bounds, so a caller
-    /// never gives up on a statement that may still commit.
+    /// caller waits for its batch, whose run the worker bounds (and which
+    /// PostgreSQL's own statement timeout rolls back first), rather than
+    /// give up on a statement that may still commit.
     pub async fn run(&self, call: C, wait: Duration) -> Result<Option<Row>, StoreError> {
         let (reply, answer) = oneshot::channel();
         let pending = Pending {
