@@ -76,11 +76,9 @@ impl Call for AcquireCall {
     }
 
     async fn one(&self, shared: &Shared, clock_offset_ms: i64) -> Result<Option<Row>, StoreError> {
-        let statement = shared.prepare(ACQUIRE).await?;
-        Ok(shared
-            .client
-            .query_opt(&statement, &self.params(&clock_offset_ms))
-            .await?)
+        shared
+            .query_opt(ACQUIRE, &self.params(&clock_offset_ms))
+            .await
     }
 
     async fn many(
@@ -88,11 +86,9 @@ impl Call for AcquireCall {
         shared: &Shared,
         clock_offset_ms: i64,
     ) -> Result<Vec<Row>, StoreError> {
-        let statement = shared.prepare(ACQUIRE_BATCH).await?;
-        Ok(shared
-            .client
+        shared
             .query(
-                &statement,
+                ACQUIRE_BATCH,
                 &[
                     &column(calls, |c| c.tenant.as_str()),
                     &column(calls, |c| c.scope.as_str()),
@@ -106,7 +102,7 @@ impl Call for AcquireCall {
                     &clock_offset_ms,
                 ],
             )
-            .await?)
+            .await
     }
 }
 
@@ -194,11 +190,9 @@ impl Call for CompleteCall {
     }
 
     async fn one(&self, shared: &Shared, clock_offset_ms: i64) -> Result<Option<Row>, StoreError> {
-        let statement = shared.prepare(COMPLETE).await?;
-        Ok(shared
-            .client
-            .query_opt(&statement, &self.params(&clock_offset_ms))
-            .await?)
+        shared
+            .query_opt(COMPLETE, &self.params(&clock_offset_ms))
+            .await
     }
 
     async fn many(
@@ -206,11 +200,9 @@ impl Call for CompleteCall {
         shared: &Shared,
         clock_offset_ms: i64,
     ) -> Result<Vec<Row>, StoreError> {
-        let statement = shared.prepare(COMPLETE_BATCH).await?;
-        Ok(shared
-            .client
+        shared
             .query(
-                &statement,
+                COMPLETE_BATCH,
                 &[
                     &column(calls, |c| c.tenant.as_str()),
                     &column(calls, |c| c.scope.as_str()),
@@ -229,6 +221,6 @@ impl Call for CompleteCall {
                     &clock_offset_ms,
                 ],
             )
-            .await?)
+            .await
     }
 }

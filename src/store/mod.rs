@@ -313,12 +313,7 @@ impl Store {
     ) -> Result<Option<Row>, StoreError> {
         if let Some(mux) = &self.mux {
             let shared = mux.get(wait.unwrap_or(self.connect_wait)).await?;
-            return self
-                .in_time(async {
-                    let statement = shared.prepare(sql).await?;
-                    Ok(shared.client.query_opt(&statement, params).await?)
-                })
-                .await;
+            return self.in_time(shared.query_opt(sql, params)).await;
         }
         self.query_one_pooled(sql, params, wait).await
     }

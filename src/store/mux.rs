@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::RwLock;
-use tokio_postgres::{Client, NoTls, Statement};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, NoTls, Row, Statement};
 
 use super::StoreError;
 
@@ -22,13 +23,33 @@ pub(super) struct Shared {
 
 impl Shared {
     /// `sql` prepared on this connection (once).
-    pub async fn prepare(&self, sql: &'static str) -> Result<Statement, StoreError> {
+    async fn prepare(&self, sql: &'static str) -> Result<Statement, StoreError> {
         if let Some(statement) = self.lock().get(sql) {
             return Ok(statement.clone());
         }
         let statement = self.client.prepare(sql).await?;
         self.lock().insert(sql, statement.clone());
         Ok(statement)
+    }
+
+    /// At most one row of `sql` (prepared here once).
+    pub async fn query_opt(
+        &self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, StoreError> {
+        let statement = self.prepare(sql).await?;
+        Ok(self.client.query_opt(&statement, params).await?)
+    }
+
+    /// Every row of `sql` (prepared here once).
+    pub async fn query(
+        &self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, StoreError> {
+        let statement = self.prepare(sql).await?;
+        Ok(self.client.query(&statement, params).await?)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<&'static str, Statement>> {
