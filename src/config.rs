@@ -143,7 +143,8 @@ pub struct ServeArgs {
     pub batch_size: usize,
 
     /// How long one database statement may take before the call answers
-    /// UNAVAILABLE.
+    /// UNAVAILABLE (the shared connections also set nine tenths of it as
+    /// PostgreSQL's statement_timeout, so an overlong statement rolls back).
     #[arg(long, env = "IDEMPOTENCY_QUERY_TIMEOUT", default_value_t = hd(DEFAULT_QUERY_TIMEOUT))]
     pub query_timeout: humantime::Duration,
 
