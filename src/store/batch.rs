@@ -26,6 +26,7 @@ use tokio::time::Instant;
 
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
 
 use super::StoreError;
 use super::clock::Clock;
@@ -33,15 +34,30 @@ use super::mux::{Mux, Shared};
 
 /// One call's arguments, owned so it can wait in the queue.
 pub(super) trait Call: Send + Sync + Sized + 'static {
+    /// The single-call statement.
+    const ALONE: &'static str;
+
     /// The row it concerns: batches lock rows in this order.
     fn row_key(&self) -> (&str, &str, &str);
+
+    /// The arguments of `ALONE`.
+    fn params<'a>(
+        &'a self,
+        clock_offset_ms: &'a i64,
+    ) -> impl AsRef<[&'a (dyn ToSql + Sync)]> + Send + 'a;
 
     /// Runs this call alone; one row, as the single-call function returns it.
     fn one<'a>(
         &'a self,
         shared: &'a Shared,
         clock_offset_ms: i64,
-    ) -> impl Future<Output = Result<Option<Row>, StoreError>> + Send + 'a;
+    ) -> impl Future<Output = Result<Option<Row>, StoreError>> + Send + 'a {
+        async move {
+            shared
+                .query_opt(Self::ALONE, self.params(&clock_offset_ms).as_ref())
+                .await
+        }
+    }
 
     /// Runs `calls` in this order in one statement; every row carries the
     /// position of its call (`ord`, from 1).

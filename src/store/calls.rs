@@ -11,11 +11,11 @@ use super::mux::Shared;
 use super::{StoreError, millis};
 use crate::domain::{AcquireCommand, Backoff, CompleteCommand, Outcome};
 
-pub(super) const ACQUIRE: &str = "SELECT a.decision, a.retry_after_ms, (a.rec).* \
+const ACQUIRE: &str = "SELECT a.decision, a.retry_after_ms, (a.rec).* \
      FROM idempotency_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) a";
 const ACQUIRE_BATCH: &str = "SELECT b.ord, b.decision, b.retry_after_ms, (b.rec).* \
      FROM idempotency_acquire_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) b";
-pub(super) const COMPLETE: &str = "SELECT c.outcome, (c.rec).* \
+const COMPLETE: &str = "SELECT c.outcome, (c.rec).* \
      FROM idempotency_complete($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) c";
 const COMPLETE_BATCH: &str = "SELECT b.ord, b.outcome, (b.rec).* \
      FROM idempotency_complete_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) b";
@@ -48,9 +48,25 @@ impl AcquireCall {
             watch_ms: millis(watch),
         })
     }
+}
 
-    pub fn params<'a>(&'a self, clock_offset_ms: &'a i64) -> [&'a (dyn ToSql + Sync); 10] {
-        [
+/// One column of a batch: field `f` of every call.
+fn column<'a, C, T: 'a>(calls: &'a [&'a C], f: impl Fn(&'a C) -> T) -> Vec<T> {
+    calls.iter().map(|c| f(c)).collect()
+}
+
+impl Call for AcquireCall {
+    const ALONE: &'static str = ACQUIRE;
+
+    fn row_key(&self) -> (&str, &str, &str) {
+        (&self.tenant, &self.scope, &self.key)
+    }
+
+    fn params<'a>(
+        &'a self,
+        clock_offset_ms: &'a i64,
+    ) -> impl AsRef<[&'a (dyn ToSql + Sync)]> + Send + 'a {
+        let params: [&(dyn ToSql + Sync); _] = [
             &self.tenant,
             &self.scope,
             &self.key,
@@ -61,24 +77,8 @@ impl AcquireCall {
             &self.retention_ms,
             &self.watch_ms,
             clock_offset_ms,
-        ]
-    }
-}
-
-/// One column of a batch: field `f` of every call.
-fn column<'a, C, T: 'a>(calls: &'a [&'a C], f: impl Fn(&'a C) -> T) -> Vec<T> {
-    calls.iter().map(|c| f(c)).collect()
-}
-
-impl Call for AcquireCall {
-    fn row_key(&self) -> (&str, &str, &str) {
-        (&self.tenant, &self.scope, &self.key)
-    }
-
-    async fn one(&self, shared: &Shared, clock_offset_ms: i64) -> Result<Option<Row>, StoreError> {
-        shared
-            .query_opt(ACQUIRE, &self.params(&clock_offset_ms))
-            .await
+        ];
+        params
     }
 
     async fn many(
@@ -162,9 +162,20 @@ impl CompleteCall {
         }
         call
     }
+}
 
-    pub fn params<'a>(&'a self, clock_offset_ms: &'a i64) -> [&'a (dyn ToSql + Sync); 15] {
-        [
+impl Call for CompleteCall {
+    const ALONE: &'static str = COMPLETE;
+
+    fn row_key(&self) -> (&str, &str, &str) {
+        (&self.tenant, &self.scope, &self.key)
+    }
+
+    fn params<'a>(
+        &'a self,
+        clock_offset_ms: &'a i64,
+    ) -> impl AsRef<[&'a (dyn ToSql + Sync)]> + Send + 'a {
+        let params: [&(dyn ToSql + Sync); _] = [
             &self.tenant,
             &self.scope,
             &self.key,
@@ -180,19 +191,8 @@ impl CompleteCall {
             &self.backoff_base_ms,
             &self.backoff_cap_ms,
             clock_offset_ms,
-        ]
-    }
-}
-
-impl Call for CompleteCall {
-    fn row_key(&self) -> (&str, &str, &str) {
-        (&self.tenant, &self.scope, &self.key)
-    }
-
-    async fn one(&self, shared: &Shared, clock_offset_ms: i64) -> Result<Option<Row>, StoreError> {
-        shared
-            .query_opt(COMPLETE, &self.params(&clock_offset_ms))
-            .await
+        ];
+        params
     }
 
     async fn many(

@@ -25,7 +25,8 @@ use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, R
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{NoTls, Row, types::ToSql};
 
-use calls::{ACQUIRE, AcquireCall, COMPLETE, CompleteCall};
+use batch::Call;
+use calls::{AcquireCall, CompleteCall};
 
 use crate::domain::{
     AcquireCommand, Acquired, Backoff, CompleteCommand, Decision, DueRecord, ExtendCommand, Lease,
@@ -318,6 +319,24 @@ impl Store {
         self.query_one_pooled(sql, params, wait).await
     }
 
+    /// One of the hot calls: queued for a batch when batching is on, else
+    /// run alone like any other call.
+    async fn run_call<C: Call>(
+        &self,
+        call: C,
+        batch: Option<&batch::Coalescer<C>>,
+        wait: Option<Duration>,
+    ) -> Result<Option<Row>, StoreError> {
+        match batch {
+            Some(batch) => batch.run(call, wait.unwrap_or(self.connect_wait)).await,
+            None => {
+                let offset = self.clock.offset_ms();
+                self.query_one(C::ALONE, call.params(&offset).as_ref(), wait)
+                    .await
+            }
+        }
+    }
+
     /// One row, on a pooled connection of its own: for maintenance, whose
     /// longer statements must not hold up calls pipelined behind them.
     async fn query_one_pooled(
@@ -344,19 +363,11 @@ impl Store {
         wait: Option<Duration>,
     ) -> Result<Acquired, StoreError> {
         let call = AcquireCall::new(cmd, watch)?;
-        let row = match &self.batches {
-            Some(batches) => {
-                batches
-                    .acquire
-                    .run(call, wait.unwrap_or(self.connect_wait))
-                    .await?
-            }
-            None => {
-                self.query_one(ACQUIRE, &call.params(&self.clock.offset_ms()), wait)
-                    .await?
-            }
-        }
-        .ok_or_else(|| StoreError::Corrupt("idempotency_acquire returned no row".into()))?;
+        let batch = self.batches.as_ref().map(|b| &b.acquire);
+        let row = self
+            .run_call(call, batch, wait)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("idempotency_acquire returned no row".into()))?;
         let decision: &str = row.try_get("decision")?;
         let decision = Decision::from_stored(decision)
             .ok_or_else(|| StoreError::Corrupt(format!("unknown decision {decision:?}")))?;
@@ -378,18 +389,8 @@ impl Store {
         wait: Option<Duration>,
     ) -> Result<Record, StoreError> {
         let call = CompleteCall::new(cmd, backoff);
-        let row = match &self.batches {
-            Some(batches) => {
-                batches
-                    .complete
-                    .run(call, wait.unwrap_or(self.connect_wait))
-                    .await?
-            }
-            None => {
-                self.query_one(COMPLETE, &call.params(&self.clock.offset_ms()), wait)
-                    .await?
-            }
-        };
+        let batch = self.batches.as_ref().map(|b| &b.complete);
+        let row = self.run_call(call, batch, wait).await?;
         record_unless_refused(row)
     }
 
