@@ -59,21 +59,30 @@ impl Shared {
 
 /// The shared connections, handed out in turn.
 pub(super) struct Mux {
+    /// How to connect, with PostgreSQL's own limit on each statement a
+    /// little under the client's query timeout: a statement that runs too
+    /// long is then rolled back by the database itself, rather than left
+    /// running (and maybe committing) after its caller heard UNAVAILABLE.
     pg: tokio_postgres::Config,
-    /// PostgreSQL's own limit on each statement, a little under the client's
-    /// query timeout: a statement that runs too long is then rolled back by
-    /// the database itself, rather than left running (and maybe committing)
-    /// after its caller heard UNAVAILABLE.
-    statement_timeout: Duration,
     slots: Vec<RwLock<Option<Arc<Shared>>>>,
     next: AtomicUsize,
 }
 
 impl Mux {
-    pub fn new(pg: tokio_postgres::Config, connections: usize, query_timeout: Duration) -> Self {
+    pub fn new(
+        mut pg: tokio_postgres::Config,
+        connections: usize,
+        query_timeout: Duration,
+    ) -> Self {
+        let statement_timeout = (query_timeout * 9 / 10).max(Duration::from_millis(1));
+        let options = format!(
+            "{} -c statement_timeout={}",
+            pg.get_options().unwrap_or_default(),
+            statement_timeout.as_millis()
+        );
+        pg.options(options.trim_start());
         Mux {
             pg,
-            statement_timeout: (query_timeout * 9 / 10).max(Duration::from_millis(1)),
             slots: (0..connections.max(1)).map(|_| RwLock::new(None)).collect(),
             next: AtomicUsize::new(0),
         }
@@ -100,15 +109,6 @@ impl Mux {
                 StoreError::Unavailable("connecting to the database timed out".into())
             })??;
         tokio::spawn(connection);
-        tokio::time::timeout(
-            wait,
-            client.batch_execute(&format!(
-                "SET statement_timeout = {}",
-                self.statement_timeout.as_millis()
-            )),
-        )
-        .await
-        .map_err(|_| StoreError::Unavailable("configuring the connection timed out".into()))??;
         let shared = Arc::new(Shared {
             client,
             prepared: std::sync::Mutex::new(HashMap::new()),

@@ -20,7 +20,17 @@ const GATE_LOCK: i64 = 4242;
 
 /// A server with one batch worker per kind, and the gate trigger installed.
 async fn gated_app() -> (TestApp, tokio_postgres::Client) {
-    let app = spawn_app_with(|c| c.store.shared_connections = 1).await;
+    gated_app_with(|_| {}).await
+}
+
+async fn gated_app_with(
+    configure: impl FnOnce(&mut idempotency_coordinator::config::ServeConfig),
+) -> (TestApp, tokio_postgres::Client) {
+    let app = spawn_app_with(|c| {
+        c.store.shared_connections = 1;
+        configure(c);
+    })
+    .await;
     let db = app.db.connect().await;
     db.batch_execute(&format!(
         "CREATE FUNCTION test_gate() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -61,21 +71,25 @@ async fn batched<T: Send + 'static>(
     answers
 }
 
+/// Statements waiting at the gate.
+async fn at_the_gate(db: &tokio_postgres::Client) -> i64 {
+    db.query_one(
+        "SELECT count(*) FROM pg_stat_activity \
+         WHERE datname = current_database() AND wait_event = 'advisory'",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
 /// Until a statement waits at the gate.
 async fn until_gate_holds(db: &tokio_postgres::Client) {
     eventually(
         "a call to wait at the gate",
         Duration::from_secs(10),
         || async {
-            let waiting: i64 = db
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity \
-                 WHERE datname = current_database() AND wait_event = 'advisory'",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .get(0);
+            let waiting = at_the_gate(db).await;
             (waiting > 0).then_some(())
         },
     )
@@ -293,6 +307,31 @@ async fn a_call_that_fails_in_a_batch_does_not_fail_the_others() {
         assert_eq!(answer.record.unwrap().key, *key);
     }
     assert_eq!(app.db.count_records().await, 7, "the six and the gate");
+}
+
+/// A statement that outlives the query timeout is rolled back by PostgreSQL
+/// itself, so the caller's UNAVAILABLE is the whole truth: it never commits
+/// later.
+#[tokio::test]
+async fn a_statement_past_the_query_timeout_is_rolled_back_not_committed_later() {
+    let (app, db) = gated_app_with(|c| c.store.query_timeout = Duration::from_secs(1)).await;
+    shut_gate(&db).await;
+    let stuck = acquire_in_background(&app, "gate-t");
+    let refused = stuck.await.unwrap().expect_err("the call gives up");
+    assert_eq!(refused.code(), Code::Unavailable);
+    eventually(
+        "the statement to leave the gate",
+        Duration::from_secs(10),
+        || async {
+            let waiting = at_the_gate(&db).await;
+            (waiting == 0).then_some(())
+        },
+    )
+    .await;
+    db.execute("SELECT pg_advisory_unlock($1)", &[&GATE_LOCK])
+        .await
+        .unwrap();
+    assert_eq!(app.db.count_records().await, 0, "nothing was committed");
 }
 
 /// Two servers batching new keys in opposite orders on one database: without
