@@ -5,9 +5,13 @@
 //! committed between the read and the wait is not missed. Notifications are
 //! only hints: a waiter that wakes re-reads the table, so a lost or spurious
 //! notification can delay an answer but never make it wrong. While the
-//! listener is disconnected, waiters re-read on a short interval instead, and
-//! when it reconnects every waiter re-reads once (notifications sent while it
-//! was away are lost).
+//! listener is disconnected, every topic is announced on a short interval
+//! instead, so waiters re-read (sharing each read); when it reconnects every
+//! waiter re-reads once (notifications sent while it was away are lost).
+//!
+//! A sleeping waiter holds a handle on its topic and one change receiver, no
+//! copy of the record's id and no timer of the hub's: ten thousand waiters on
+//! a process are its main cost in memory.
 //!
 //! The same connection tells readiness: `idempotency.v1.Coordinator` is
 //! SERVING only while it is connected, listening and answering a `SELECT 1`
@@ -47,7 +51,10 @@ const FALLBACK_POLL: Duration = Duration::from_millis(250);
 const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(5);
 
 /// One topic's change counter and how many listen to it.
-struct Topic<E> {
+struct Topic<K, E> {
+    /// The topic's key, shared with its subscriptions (which need it to
+    /// leave) rather than copied into each.
+    key: Arc<K>,
     /// Bumped on every notification for the topic.
     version: watch::Sender<u64>,
     /// Subscriptions alive for the topic; the topic goes with the last.
@@ -58,7 +65,7 @@ struct Topic<E> {
 
 /// Topics by key (records, or scopes), each alive while subscribed.
 struct Topics<K, E> {
-    map: Mutex<HashMap<K, Topic<E>>>,
+    map: Mutex<HashMap<K, Topic<K, E>>>,
 }
 
 impl<K: Hash + Eq + Clone, E: Clone + Default> Topics<K, E> {
@@ -68,21 +75,27 @@ impl<K: Hash + Eq + Clone, E: Clone + Default> Topics<K, E> {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<K, Topic<E>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<K, Topic<K, E>>> {
         // A panic while holding this lock cannot leave the map inconsistent
         // (every change is a single insert, remove or counter step).
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn subscribe(&self, key: K) -> (watch::Receiver<u64>, E) {
+    /// Joins `key`'s topic, creating it for the first subscriber.
+    fn subscribe(&self, key: &K) -> (Arc<K>, watch::Receiver<u64>, E) {
         let mut map = self.lock();
-        let topic = map.entry(key).or_insert_with(|| Topic {
+        let topic = map.entry(key.clone()).or_insert_with(|| Topic {
+            key: Arc::new(key.clone()),
             version: watch::Sender::new(0),
             subscribers: 0,
             shared: E::default(),
         });
         topic.subscribers += 1;
-        (topic.version.subscribe(), topic.shared.clone())
+        (
+            Arc::clone(&topic.key),
+            topic.version.subscribe(),
+            topic.shared.clone(),
+        )
     }
 
     fn unsubscribe(&self, key: &K) {
@@ -213,17 +226,14 @@ impl Hub {
 
     /// Starts listening for changes of `id`, if the waiter limits allow.
     /// Subscribe before reading the record, then wait on the subscription.
-    pub fn subscribe(self: &Arc<Self>, id: RecordId) -> Result<Subscription, TooManyWaiters> {
+    pub fn subscribe(self: &Arc<Self>, id: &RecordId) -> Result<Subscription, TooManyWaiters> {
         self.admit(&id.tenant)?;
-        let (version, latest) = self.records.subscribe(id.clone());
+        let (id, version, latest) = self.records.subscribe(id);
         Ok(Subscription {
             hub: Arc::clone(self),
             id,
             latest,
-            changes: Changes {
-                version,
-                connected: self.connected.subscribe(),
-            },
+            changes: Changes(version),
         })
     }
 
@@ -235,15 +245,11 @@ impl Hub {
         scope: Scope,
     ) -> Result<DueSubscription, TooManyWaiters> {
         self.admit(&tenant)?;
-        let id = (tenant, scope);
-        let (version, ()) = self.scopes.subscribe(id.clone());
+        let (id, version, ()) = self.scopes.subscribe(&(tenant, scope));
         Ok(DueSubscription {
             hub: Arc::clone(self),
             id,
-            changes: Changes {
-                version,
-                connected: self.connected.subscribe(),
-            },
+            changes: Changes(version),
         })
     }
 
@@ -281,6 +287,30 @@ impl Hub {
         }
     }
 
+    /// While the listener is down no notification arrives: announce every
+    /// topic each `FALLBACK_POLL` instead, so waiters re-read (one shared
+    /// read per record per interval) until it is back.
+    async fn poll_while_down(&self) {
+        let mut connected = self.connected.subscribe();
+        loop {
+            if *connected.borrow_and_update() {
+                if connected.changed().await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(FALLBACK_POLL) => {
+                    if !*self.connected.borrow() {
+                        self.records.notify_all();
+                        self.scopes.notify_all();
+                    }
+                }
+                _ = connected.changed() => {}
+            }
+        }
+    }
+
     fn set_connected(&self, connected: bool) {
         self.connected.send_replace(connected);
         if connected {
@@ -291,28 +321,16 @@ impl Hub {
     }
 }
 
-/// What wakes a subscriber: its topic's notifications, or while the listener
-/// is down a short polling interval.
-struct Changes {
-    version: watch::Receiver<u64>,
-    connected: watch::Receiver<bool>,
-}
+/// What wakes a subscriber: its topic's version, bumped on a notification,
+/// or while the listener is down on a short interval (`poll_while_down`).
+struct Changes(watch::Receiver<u64>);
 
 impl Changes {
     async fn changed(&mut self) {
-        loop {
-            if !*self.connected.borrow_and_update() {
-                tokio::select! {
-                    _ = self.version.changed() => {}
-                    _ = tokio::time::sleep(FALLBACK_POLL) => {}
-                }
-                return;
-            }
-            tokio::select! {
-                _ = self.version.changed() => return,
-                // Disconnected: fall back to polling (loop again).
-                _ = self.connected.changed() => {}
-            }
+        // The sender lives in the topic, which outlives its subscriptions; if
+        // it were gone, nothing could wake this subscriber again.
+        if self.0.changed().await.is_err() {
+            std::future::pending::<()>().await;
         }
     }
 }
@@ -321,7 +339,7 @@ impl Changes {
 /// cancelled) unregisters it at once.
 pub struct Subscription {
     hub: Arc<Hub>,
-    id: RecordId,
+    id: Arc<RecordId>,
     latest: SharedRead,
     changes: Changes,
 }
@@ -343,8 +361,8 @@ impl Subscription {
         Fut: Future<Output = Result<Record, StoreError>>,
     {
         // Read after this version was announced, so at least that fresh.
-        let version = *self.changes.version.borrow_and_update();
-        let listening = *self.changes.connected.borrow();
+        let version = *self.changes.0.borrow_and_update();
+        let listening = *self.hub.connected.borrow();
         let mut latest = self.latest.lock().await;
         let current = latest.version == Some(version)
             && (listening
@@ -408,7 +426,7 @@ impl Drop for Subscription {
 /// A recovery feed's interest in one tenant's scope.
 pub struct DueSubscription {
     hub: Arc<Hub>,
-    id: ScopeId,
+    id: Arc<ScopeId>,
     changes: Changes,
 }
 
@@ -489,16 +507,29 @@ async fn listen_once(
 
 /// Keeps the listener connected for as long as the server runs (it is
 /// aborted at shutdown), reconnecting with backoff; readiness follows it.
+/// While it is down, waiters are woken to poll instead.
 pub async fn run_listener(
     pg: tokio_postgres::Config,
     hub: Arc<Hub>,
     reporter: HealthReporter,
     interval: Duration,
 ) {
+    tokio::join!(
+        hub.poll_while_down(),
+        listen_and_reconnect(pg, &hub, reporter, interval)
+    );
+}
+
+async fn listen_and_reconnect(
+    pg: tokio_postgres::Config,
+    hub: &Arc<Hub>,
+    reporter: HealthReporter,
+    interval: Duration,
+) {
     let mut delay = interval;
     let mut reported = false;
     loop {
-        let (why, was_listening) = listen_once(&pg, &hub, &reporter, interval).await;
+        let (why, was_listening) = listen_once(&pg, hub, &reporter, interval).await;
         hub.set_connected(false);
         set_ready(&reporter, false).await;
         if was_listening {
@@ -513,5 +544,69 @@ pub async fn run_listener(
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(MAX_RECONNECT_DELAY);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> RecordId {
+        RecordId {
+            tenant: Tenant::new("t"),
+            scope: Scope::try_from("s".to_owned()).unwrap(),
+            key: Key::try_from("k".to_owned()).unwrap(),
+        }
+    }
+
+    /// Whether `subscription` is woken within `within` (of the paused clock).
+    async fn woken(subscription: &mut Subscription, within: Duration) -> bool {
+        tokio::time::timeout(within, subscription.changed())
+            .await
+            .is_ok()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn while_the_listener_is_down_waiters_are_woken_to_poll_and_only_then() {
+        let hub = Hub::new(WaiterLimits {
+            total: 10,
+            per_tenant: 10,
+        });
+        let mut subscription = hub.subscribe(&record()).unwrap();
+        let polling = tokio::spawn({
+            let hub = Arc::clone(&hub);
+            async move { hub.poll_while_down().await }
+        });
+
+        // Down, as before the first connection: woken every interval.
+        for _ in 0..3 {
+            assert!(woken(&mut subscription, FALLBACK_POLL * 2).await);
+        }
+        // Connected: woken once to re-check, then only by notifications.
+        hub.set_connected(true);
+        assert!(woken(&mut subscription, FALLBACK_POLL).await);
+        assert!(!woken(&mut subscription, FALLBACK_POLL * 20).await);
+        hub.records.notify(&record());
+        assert!(woken(&mut subscription, Duration::ZERO).await);
+        // Down again: polling resumes.
+        hub.set_connected(false);
+        assert!(woken(&mut subscription, FALLBACK_POLL * 2).await);
+        polling.abort();
+    }
+
+    #[test]
+    fn waiters_share_their_topic_and_the_last_to_leave_removes_it() {
+        let hub = Hub::new(WaiterLimits {
+            total: 10,
+            per_tenant: 10,
+        });
+        let first = hub.subscribe(&record()).unwrap();
+        let second = hub.subscribe(&record()).unwrap();
+        assert!(Arc::ptr_eq(&first.id, &second.id), "one copy of the id");
+        assert_eq!((hub.waiters(), hub.watched_records()), (2, 1));
+        drop(first);
+        assert_eq!((hub.waiters(), hub.watched_records()), (1, 1));
+        drop(second);
+        assert_eq!((hub.waiters(), hub.watched_records()), (0, 0));
     }
 }

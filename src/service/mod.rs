@@ -122,15 +122,24 @@ impl Coordinator for CoordinatorService {
         let decoded = self
             .caller(&request)
             .and_then(|caller| decode::acquire(caller.tenant, request.into_inner(), &self.policy));
+        // A refused request is answered without a future of its own; the
+        // future below holds the command alone, not also its `Result`.
+        let cmd = match decoded {
+            Ok(cmd) => cmd,
+            Err(e) => return Box::pin(std::future::ready(Err(e.into()))),
+        };
         Box::pin(async move {
-            let cmd = decoded?;
             let window = wait::window(cmd.wait, budget);
             let acquired = if window.is_zero() {
-                self.store
-                    .acquire(&cmd, Duration::ZERO, self.connect_wait(budget))
-                    .await
+                // Boxed: a statement's future is bigger than a waiter's, and
+                // the call's future is as big as the biggest thing it awaits.
+                Box::pin(
+                    self.store
+                        .acquire(&cmd, Duration::ZERO, self.connect_wait(budget)),
+                )
+                .await
             } else {
-                let subscription = self.hub.subscribe(cmd.id.clone()).map_err(Error::from)?;
+                let subscription = self.hub.subscribe(&cmd.id).map_err(Error::from)?;
                 wait::acquire(&self.store, subscription, &cmd, window).await
             }
             .map_err(Error::from)?;
@@ -208,7 +217,7 @@ impl Coordinator for CoordinatorService {
             &self.policy,
         )?;
         let window = wait::window(asked, budget);
-        let subscription = self.hub.subscribe(id.clone()).map_err(Error::from)?;
+        let subscription = self.hub.subscribe(&id).map_err(Error::from)?;
         let first = self
             .store
             .watch(&id, window, self.connect_wait(budget))
