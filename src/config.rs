@@ -27,6 +27,8 @@ pub const DEFAULT_SHARED_CONNECTIONS: usize = 2;
 /// Acquires (or Completes) that one statement carries at most when they
 /// arrive together; 1: each runs alone.
 pub const DEFAULT_BATCH_SIZE: usize = 64;
+/// Memory for SUCCEEDED records that replays are answered from, in MiB.
+pub const DEFAULT_REPLAY_CACHE_MIB: u64 = 8;
 /// How long one statement may take before the call answers UNAVAILABLE.
 pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often readiness asks the database whether it answers.
@@ -141,6 +143,14 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEMPOTENCY_BATCH_SIZE", default_value_t = DEFAULT_BATCH_SIZE,
           value_parser = TypedValueParser::map(clap::value_parser!(u16).range(1..=1000), usize::from))]
     pub batch_size: usize,
+
+    /// Memory, in MiB, for SUCCEEDED records that repeated Acquires are
+    /// answered from without the database, until 5 s before they expire
+    /// (this replica's clock may be up to that far behind the database's);
+    /// 0: every Acquire asks the database.
+    #[arg(long, env = "IDEMPOTENCY_REPLAY_CACHE_MIB", default_value_t = DEFAULT_REPLAY_CACHE_MIB,
+          value_parser = clap::value_parser!(u64).range(0..=65536))]
+    pub replay_cache_mib: u64,
 
     /// How long one database statement may take before the call answers
     /// UNAVAILABLE (the shared connections also set nine tenths of it as
@@ -296,6 +306,7 @@ impl ServeConfig {
                 query_timeout: DEFAULT_QUERY_TIMEOUT,
                 shared_connections: DEFAULT_SHARED_CONNECTIONS,
                 batch_size: DEFAULT_BATCH_SIZE,
+                replay_cache_bytes: DEFAULT_REPLAY_CACHE_MIB << 20,
             },
             policy: Policy::default(),
             run_migrations: true,
@@ -329,6 +340,7 @@ impl From<ServeArgs> for ServeConfig {
                 query_timeout: a.query_timeout.into(),
                 shared_connections: a.shared_connections,
                 batch_size: a.batch_size,
+                replay_cache_bytes: a.replay_cache_mib << 20,
             },
             policy: Policy {
                 default_lease_ttl: a.default_lease_ttl.into(),

@@ -16,7 +16,8 @@
 //!   Calls' statements are pipelined on a few shared connections
 //!   (`store::mux`), and Acquires and Completes that arrive together share one
 //!   statement and one commit (`store::batch`, group commit; their arguments
-//!   are bound in `store::calls`).
+//!   are bound in `store::calls`). Replays of SUCCEEDED records are answered
+//!   from memory until shortly before the records expire (`store::replays`).
 //! - [`service`]: the gRPC `Coordinator` trait: decode into domain commands,
 //!   call the store, encode the answer; `service::wait` holds Acquire's wait
 //!   window and the Watch stream.

@@ -38,6 +38,7 @@ async fn run(cli: Cli) -> Result<(), StartupError> {
                 query_timeout: DEFAULT_QUERY_TIMEOUT,
                 shared_connections: 0,
                 batch_size: 1,
+                replay_cache_bytes: 0,
             };
             let store = Store::new(&config, Clock::default()).map_err(StartupError::Database)?;
             run_migrations(&store).await.map(|_| ())

@@ -8,6 +8,8 @@ use std::sync::{
 };
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+
 /// Shared by every clone of a store, so a test moves time for the whole
 /// server at once.
 #[derive(Debug, Clone, Default)]
@@ -25,5 +27,11 @@ impl Clock {
 
     pub fn offset_ms(&self) -> i64 {
         self.offset_ms.load(Ordering::SeqCst)
+    }
+
+    /// The database's "now" as this process estimates it: its own wall
+    /// clock, moved by the offset.
+    pub fn now(&self) -> DateTime<Utc> {
+        Utc::now() + chrono::Duration::milliseconds(self.offset_ms())
     }
 }

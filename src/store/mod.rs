@@ -16,6 +16,7 @@ mod calls;
 mod clock;
 pub mod migrate;
 mod mux;
+mod replays;
 mod row;
 
 use std::sync::Arc;
@@ -27,6 +28,7 @@ use tokio_postgres::{NoTls, Row, types::ToSql};
 
 use batch::Call;
 use calls::{AcquireCall, CompleteCall};
+use replays::Replays;
 
 use crate::domain::{
     AcquireCommand, Acquired, Backoff, CompleteCommand, Decision, DueRecord, ExtendCommand, Lease,
@@ -121,6 +123,8 @@ pub struct StoreConfig {
     /// Acquires (or Completes) one statement carries at most, on the shared
     /// connections; 1: each runs alone.
     pub batch_size: usize,
+    /// Memory for SUCCEEDED records that replays are answered from; 0: none.
+    pub replay_cache_bytes: u64,
 }
 
 /// A statement that got no answer in time.
@@ -144,6 +148,9 @@ pub struct Store {
     mux: Option<Arc<mux::Mux>>,
     /// Queues that coalesce Acquires and Completes, if configured.
     batches: Option<Arc<Batches>>,
+    /// SUCCEEDED records that answer replays without a round trip, if
+    /// configured.
+    replays: Option<Arc<Replays>>,
 }
 
 struct Batches {
@@ -229,6 +236,7 @@ impl Store {
             query_timeout: config.query_timeout,
             mux,
             batches,
+            replays: Replays::new(config.replay_cache_bytes).map(Arc::new),
         })
     }
 
@@ -362,6 +370,11 @@ impl Store {
         watch: Duration,
         wait: Option<Duration>,
     ) -> Result<Acquired, StoreError> {
+        if let Some(replays) = &self.replays
+            && let Some(answer) = replays.answer(cmd, self.clock.now())
+        {
+            return Ok(answer);
+        }
         let call = AcquireCall::new(cmd, watch)?;
         let batch = self.batches.as_ref().map(|b| &b.acquire);
         let row = self
@@ -374,11 +387,15 @@ impl Store {
         let retry_after = row
             .try_get::<_, Option<i64>>("retry_after_ms")?
             .map(|ms| Duration::from_millis(ms.max(0).unsigned_abs()));
-        Ok(Acquired {
+        let acquired = Acquired {
             decision,
             record: row::record(&row)?,
             retry_after,
-        })
+        };
+        if let Some(replays) = &self.replays {
+            replays.remember(&cmd.id, &acquired.record, self.clock.now());
+        }
+        Ok(acquired)
     }
 
     /// Runs `idempotency_complete`.

@@ -340,3 +340,39 @@ async fn one_tenant_cannot_take_every_waiting_place() {
     assert_eq!(err.code(), Code::ResourceExhausted);
     bob_waits.abort();
 }
+
+#[tokio::test]
+async fn a_replay_kept_for_one_tenant_answers_no_other() {
+    let file = TokenFile::new(&tokens());
+    let app = app_with_tokens(&file).await;
+    let mut alice = client_with_token(&app, ALICE).await;
+    let mut bob = client_with_token(&app, BOB).await;
+
+    let lease = alice.acquire(acquire("s", "k")).await.unwrap().into_inner();
+    alice
+        .complete(complete("s", "k", &token(&lease), success(b"alice's")))
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        let replay = alice.acquire(acquire("s", "k")).await.unwrap().into_inner();
+        assert_eq!(decision(&replay), Decision::AlreadyDone);
+    }
+
+    let theirs = bob.acquire(acquire("s", "k")).await.unwrap().into_inner();
+    assert_eq!(
+        decision(&theirs),
+        Decision::Proceed,
+        "bob's (s, k) is bob's own"
+    );
+    bob.complete(complete("s", "k", &token(&theirs), success(b"bob's")))
+        .await
+        .unwrap();
+    for (client, result) in [(&mut alice, b"alice's".as_slice()), (&mut bob, b"bob's")] {
+        let replay = client
+            .acquire(acquire("s", "k"))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(replay.record.unwrap().result.unwrap().result, result);
+    }
+}

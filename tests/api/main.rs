@@ -14,6 +14,7 @@ mod health;
 mod helpers;
 mod hostile;
 mod migrations;
+mod replays;
 mod replicas;
 mod sweep;
 mod tls;

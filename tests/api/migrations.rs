@@ -16,6 +16,7 @@ async fn replicas_migrating_at_the_same_moment_apply_each_migration_once() {
         query_timeout: DEFAULT_QUERY_TIMEOUT,
         shared_connections: 0,
         batch_size: 1,
+        replay_cache_bytes: 0,
     };
     let runs = (0..6).map(|_| {
         let store = Store::new(&config, Clock::default()).unwrap();
