@@ -222,7 +222,7 @@ mod tests {
         }
         assert!(replays.records.weight() <= 64 * 1024);
         assert!(replays.records.len() < 100);
-        assert!(replays.records.len() > 0);
+        assert!(!replays.records.is_empty());
     }
 
     #[test]
