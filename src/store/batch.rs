@@ -117,12 +117,20 @@ impl<C: Call> Coalescer<C> {
         self.queued.load(Ordering::Relaxed)
     }
 
-    /// Queues `call` and waits for its row. A call no batch has taken within
-    /// `wait` is answered UNAVAILABLE without running; once taken, the
-    /// caller waits for its batch, whose run the worker bounds (and which
-    /// PostgreSQL's own statement timeout rolls back first), rather than
-    /// give up on a statement that may still commit.
-    pub async fn run(&self, call: C, wait: Duration) -> Result<Option<Row>, StoreError> {
+    /// Queues `call` at once and returns the wait for its row. A call no
+    /// batch has taken within `wait` is answered UNAVAILABLE without
+    /// running; once taken, the caller waits for its batch, whose run the
+    /// worker bounds (and which PostgreSQL's own statement timeout rolls back
+    /// first), rather than give up on a statement that may still commit.
+    ///
+    /// Not an `async fn`: the call moves into the queue here, so the future
+    /// a caller keeps (ten thousand of them in a burst) holds only the
+    /// answer's receiver, not the call's arguments as well.
+    pub fn run(
+        &self,
+        call: C,
+        wait: Duration,
+    ) -> impl Future<Output = Result<Option<Row>, StoreError>> + Send + use<C> {
         let (reply, answer) = oneshot::channel();
         let pending = Pending {
             call,
@@ -130,17 +138,22 @@ impl<C: Call> Coalescer<C> {
             reply,
         };
         self.queued.fetch_add(1, Ordering::Relaxed);
-        if self.queue.send(pending).is_err() {
+        let queued = self.queue.send(pending).is_ok();
+        if !queued {
             self.queued.fetch_sub(1, Ordering::Relaxed);
-            return Err(StoreError::Unavailable(
-                "the server is shutting down".into(),
-            ));
         }
-        answer.await.unwrap_or_else(|_| {
-            Err(StoreError::Unavailable(
-                "the batch carrying this call was dropped".into(),
-            ))
-        })
+        async move {
+            if !queued {
+                return Err(StoreError::Unavailable(
+                    "the server is shutting down".into(),
+                ));
+            }
+            answer.await.unwrap_or_else(|_| {
+                Err(StoreError::Unavailable(
+                    "the batch carrying this call was dropped".into(),
+                ))
+            })
+        }
     }
 }
 

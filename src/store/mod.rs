@@ -19,10 +19,12 @@ mod mux;
 mod replays;
 mod row;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime, Timeouts};
+use futures_util::future::Either;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{NoTls, Row, types::ToSql};
 
@@ -329,19 +331,22 @@ impl Store {
 
     /// One of the hot calls: queued for a batch when batching is on, else
     /// run alone like any other call.
-    async fn run_call<C: Call>(
-        &self,
+    ///
+    /// Not an `async fn`, so that the future the caller awaits holds the
+    /// call's arguments only when it runs the statement itself (boxed).
+    fn run_call<'a, C: Call>(
+        &'a self,
         call: C,
         batch: Option<&batch::Coalescer<C>>,
         wait: Option<Duration>,
-    ) -> Result<Option<Row>, StoreError> {
+    ) -> impl Future<Output = Result<Option<Row>, StoreError>> + Send + 'a {
         match batch {
-            Some(batch) => batch.run(call, wait.unwrap_or(self.connect_wait)).await,
-            None => {
+            Some(batch) => Either::Left(batch.run(call, wait.unwrap_or(self.connect_wait))),
+            None => Either::Right(Box::pin(async move {
                 let offset = self.clock.offset_ms();
                 self.query_one(C::ALONE, call.params(&offset).as_ref(), wait)
                     .await
-            }
+            })),
         }
     }
 
