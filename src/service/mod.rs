@@ -129,18 +129,17 @@ impl Coordinator for CoordinatorService {
             Err(e) => return Box::pin(std::future::ready(Err(e.into()))),
         };
         Box::pin(async move {
-            let window = wait::window(cmd.wait, budget);
-            let acquired = if window.is_zero() {
-                // Boxed: a statement's future is bigger than a waiter's, and
-                // the call's future is as big as the biggest thing it awaits.
-                Box::pin(
+            let window = Some(wait::window(cmd.wait, budget)).filter(|w| !w.is_zero());
+            let acquired = match window {
+                None => {
                     self.store
-                        .acquire(&cmd, Duration::ZERO, self.connect_wait(budget)),
-                )
-                .await
-            } else {
-                let subscription = self.hub.subscribe(&cmd.id).map_err(Error::from)?;
-                wait::acquire(&self.store, subscription, &cmd, window).await
+                        .acquire(&cmd, Duration::ZERO, self.connect_wait(budget))
+                        .await
+                }
+                Some(window) => {
+                    let subscription = self.hub.subscribe(&cmd.id).map_err(Error::from)?;
+                    wait::acquire(&self.store, subscription, &cmd, window).await
+                }
             }
             .map_err(Error::from)?;
             tracing::debug!(scope = cmd.id.scope.as_str(), decision = ?acquired.decision, "acquire");

@@ -3,6 +3,7 @@
 //! change, the holder's lease running out, or the end of their window —
 //! holding no database connection while they sleep.
 
+use std::future::Future;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -45,65 +46,76 @@ const RETRY_AFTER_UNAVAILABLE: Duration = Duration::from_millis(250);
 /// failing (a database that refuses connections still fails fast). The
 /// first decision's errors are the caller's; once waiting, a database that
 /// fails to answer is asked again until the window ends.
-pub async fn acquire(
-    store: &Store,
+pub fn acquire<'a>(
+    store: &'a Store,
     mut subscription: Subscription,
-    cmd: &AcquireCommand,
+    cmd: &'a AcquireCommand,
     window: Duration,
-) -> Result<Acquired, StoreError> {
-    // This future lives as long as the caller waits, once per waiting call:
-    // the statements' futures are boxed so that only their short run pays for
-    // their size, and the sleeping state keeps just what it compares.
+) -> impl Future<Output = Result<Acquired, StoreError>> + 'a {
+    // This future lives as long as the caller waits, once per waiting call,
+    // and is as big as its biggest state. Hence a block, not an `async fn`
+    // (which would keep its arguments twice), the shared read's future boxed
+    // (only its short run pays for its size), and a sleeping state that keeps
+    // just what it compares.
     let end = Instant::now() + window;
-    let mut waiting = false;
-    loop {
-        let left = end.saturating_duration_since(Instant::now());
-        let connect_wait = Some(left.max(store.connect_wait()));
-        let (mut next_check, mut held) = match Box::pin(store.acquire(cmd, left, connect_wait))
-            .await
-        {
-            Ok(acquired) if acquired.decision != Decision::InProgress || left.is_zero() => {
-                return Ok(acquired);
-            }
-            // The holder's lease ends after retry_after: then the key can
-            // be taken over, so decide again at that moment.
-            Ok(acquired) => (
-                Instant::now() + acquired.retry_after.unwrap_or(left),
-                Some(Held::of(&acquired.record)),
-            ),
-            Err(StoreError::Unavailable(e)) if waiting && !left.is_zero() => {
-                tracing::debug!(error = %cause_chain(e.as_ref()), "waiter: database unavailable; asking again");
-                (Instant::now() + RETRY_AFTER_UNAVAILABLE, None)
-            }
-            Err(e) => return Err(e),
-        };
-        waiting = true;
-
-        // Sleep until the lease or the window ends, unless a notification
-        // shows a change that needs a new decision first.
+    async move {
+        let mut waiting = false;
         loop {
-            tokio::select! {
-                _ = subscription.changed() => {}
-                _ = tokio::time::sleep_until(next_check.min(end)) => break,
-            }
-            let Some(current) = held.take() else { break };
-            let seen = Box::pin(subscription.read_shared(Some(current.updated_at), || {
-                store.get(&cmd.id, connect_wait)
-            }))
-            .await;
-            match classify(seen, current, cmd) {
-                Seen::Done(acquired) => return Ok(*acquired),
-                Seen::StillHeld {
-                    held: now,
-                    extended_by,
-                } => {
-                    next_check += extended_by;
-                    held = Some(now);
+            let (mut next_check, mut held) = {
+                let left = end.saturating_duration_since(Instant::now());
+                match store.acquire(cmd, left, connect_wait(store, end)).await {
+                    Ok(acquired) if acquired.decision != Decision::InProgress || left.is_zero() => {
+                        return Ok(acquired);
+                    }
+                    // The holder's lease ends after retry_after: then the key
+                    // can be taken over, so decide again at that moment.
+                    Ok(acquired) => (
+                        Instant::now() + acquired.retry_after.unwrap_or(left),
+                        Some(Held::of(&acquired.record)),
+                    ),
+                    Err(StoreError::Unavailable(e)) if waiting && !left.is_zero() => {
+                        tracing::debug!(error = %cause_chain(e.as_ref()), "waiter: database unavailable; asking again");
+                        (Instant::now() + RETRY_AFTER_UNAVAILABLE, None)
+                    }
+                    Err(e) => return Err(e),
                 }
-                Seen::Decide => break,
+            };
+            waiting = true;
+
+            // Sleep until the lease or the window ends, unless a notification
+            // shows a change that needs a new decision first.
+            loop {
+                tokio::select! {
+                    _ = subscription.changed() => {}
+                    _ = tokio::time::sleep_until(next_check.min(end)) => break,
+                }
+                let Some(current) = held.take() else { break };
+                let seen = Box::pin(subscription.read_shared(Some(current.updated_at), || {
+                    store.get(&cmd.id, connect_wait(store, end))
+                }))
+                .await;
+                match classify(seen, current, cmd) {
+                    Seen::Done(acquired) => return Ok(*acquired),
+                    Seen::StillHeld {
+                        held: now,
+                        extended_by,
+                    } => {
+                        next_check += extended_by;
+                        held = Some(now);
+                    }
+                    Seen::Decide => break,
+                }
             }
         }
     }
+}
+
+/// How long a waiter waits for a database connection: until its window ends.
+fn connect_wait(store: &Store, end: Instant) -> Option<Duration> {
+    Some(
+        end.saturating_duration_since(Instant::now())
+            .max(store.connect_wait()),
+    )
 }
 
 /// What a waiter remembers of the record it waits on.
