@@ -34,7 +34,7 @@ use crate::domain::{Key, Record, RecordId, Refusal, Scope, Tenant};
 use crate::error::cause_chain;
 use crate::proto::coordinator_server::CoordinatorServer;
 use crate::service::CoordinatorService;
-use crate::store::StoreError;
+use crate::store::{Clock, StoreError};
 
 /// The channel `idempotency_notify_if_watched` (sql/) announces changed
 /// records on: tenant, scope and key on three lines.
@@ -289,8 +289,10 @@ impl Hub {
 
     /// While the listener is down no notification arrives: announce every
     /// topic each `FALLBACK_POLL` instead, so waiters re-read (one shared
-    /// read per record per interval) until it is back.
-    async fn poll_while_down(&self) {
+    /// read per record per interval) until it is back. Runs for as long as
+    /// the server does, its own task, so that it outlives the listener
+    /// (stopped first at shutdown) while calls in flight finish.
+    pub async fn poll_while_down(&self) {
         let mut connected = self.connected.subscribe();
         loop {
             if *connected.borrow_and_update() {
@@ -457,6 +459,28 @@ async fn set_ready(reporter: &HealthReporter, ready: bool) {
     }
 }
 
+/// Marks the listener down when dropped, also when its task is aborted.
+struct DownWhenDropped<'a>(&'a Hub);
+
+impl Drop for DownWhenDropped<'_> {
+    fn drop(&mut self) {
+        self.0.set_connected(false);
+    }
+}
+
+/// Asks the database for its clock, which also shows that it answers, and
+/// records the skew between its clock and ours.
+async fn read_clock(
+    client: &tokio_postgres::Client,
+    clock: &Clock,
+) -> Result<(), tokio_postgres::Error> {
+    let before = Utc::now();
+    let row = client.query_one("SELECT clock_timestamp()", &[]).await?;
+    let after = Utc::now();
+    clock.measured(row.try_get(0)?, before, after);
+    Ok(())
+}
+
 /// One connected session: LISTEN, then ping every `interval` until something
 /// fails. Returns why it ended, and whether it got as far as listening.
 async fn listen_once(
@@ -464,6 +488,7 @@ async fn listen_once(
     hub: &Arc<Hub>,
     reporter: &HealthReporter,
     interval: Duration,
+    clock: &Clock,
 ) -> (String, bool) {
     let connect = tokio::time::timeout(interval * 5, pg.connect(NoTls)).await;
     let (client, mut connection) = match connect {
@@ -490,12 +515,19 @@ async fn listen_once(
         driver.abort();
         return (format!("LISTEN failed: {}", cause_chain(&e)), false);
     }
+    if let Err(e) = read_clock(&client, clock).await {
+        driver.abort();
+        return (
+            format!("reading the clock failed: {}", cause_chain(&e)),
+            false,
+        );
+    }
     hub.set_connected(true);
     tracing::info!("listening for changes; ready");
     set_ready(reporter, true).await;
     let why = loop {
         tokio::time::sleep(interval).await;
-        match tokio::time::timeout(interval, client.simple_query("SELECT 1")).await {
+        match tokio::time::timeout(interval, read_clock(&client, clock)).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => break format!("check failed: {}", cause_chain(&e)),
             Err(_) => break format!("check took longer than {interval:?}"),
@@ -506,30 +538,22 @@ async fn listen_once(
 }
 
 /// Keeps the listener connected for as long as the server runs (it is
-/// aborted at shutdown), reconnecting with backoff; readiness follows it.
-/// While it is down, waiters are woken to poll instead.
+/// aborted at shutdown), reconnecting with backoff; readiness follows it,
+/// and so does `clock`'s reading of the database's time. However it stops,
+/// the hub hears that it is down, so waiters fall back to polling
+/// (`Hub::poll_while_down`).
 pub async fn run_listener(
     pg: tokio_postgres::Config,
     hub: Arc<Hub>,
     reporter: HealthReporter,
     interval: Duration,
+    clock: Clock,
 ) {
-    tokio::join!(
-        hub.poll_while_down(),
-        listen_and_reconnect(pg, &hub, reporter, interval)
-    );
-}
-
-async fn listen_and_reconnect(
-    pg: tokio_postgres::Config,
-    hub: &Arc<Hub>,
-    reporter: HealthReporter,
-    interval: Duration,
-) {
+    let _down_when_stopped = DownWhenDropped(&hub);
     let mut delay = interval;
     let mut reported = false;
     loop {
-        let (why, was_listening) = listen_once(&pg, hub, &reporter, interval).await;
+        let (why, was_listening) = listen_once(&pg, &hub, &reporter, interval, &clock).await;
         hub.set_connected(false);
         set_ready(&reporter, false).await;
         if was_listening {

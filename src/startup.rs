@@ -197,7 +197,14 @@ impl Application {
             Arc::clone(&hub),
             reporter.clone(),
             config.health_interval,
+            store.clock().clone(),
         ));
+        // Outlives the listener, which the drain stops: calls still waiting
+        // then hear of changes by polling.
+        let polling = tokio::spawn({
+            let hub = Arc::clone(&hub);
+            async move { hub.poll_while_down().await }
+        });
 
         // Reflection knows our contract, the health service and the
         // google.rpc error details, so grpcurl can show all three.
@@ -263,13 +270,13 @@ impl Application {
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
             .add_service(coordinator);
-        match tls {
+        let served = match tls {
             Some(tls) => {
                 tracing::info!(%addr, mutual = config.tls.as_ref().is_some_and(|t| t.client_ca.is_some()), "listening with TLS");
                 let (incoming, accepting) = tls::incoming(listener, tls);
                 let served = router.serve_with_incoming_shutdown(incoming, drain).await;
                 accepting.abort();
-                served?;
+                served
             }
             None => {
                 tracing::info!(%addr, "listening");
@@ -278,9 +285,11 @@ impl Application {
                         TcpIncoming::from(listener).with_nodelay(Some(true)),
                         drain,
                     )
-                    .await?;
+                    .await
             }
-        }
+        };
+        polling.abort();
+        served?;
         tracing::info!("stopped");
         Ok(())
     }

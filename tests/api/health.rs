@@ -10,29 +10,6 @@ use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 use crate::helpers::*;
 
-const READINESS: &str = "idempotency.v1.Coordinator";
-
-async fn health(server: &TestServer, service: &str) -> ServingStatus {
-    let mut client = HealthClient::new(server.channel().await);
-    let resp = client
-        .check(HealthCheckRequest {
-            service: service.into(),
-        })
-        .await
-        .expect("health check")
-        .into_inner();
-    ServingStatus::try_from(resp.status).unwrap()
-}
-
-async fn until_health(server: &TestServer, service: &str, wanted: ServingStatus) {
-    eventually(
-        &format!("{service:?} to be {wanted:?}"),
-        Duration::from_secs(10),
-        || async { (health(server, service).await == wanted).then_some(()) },
-    )
-    .await;
-}
-
 #[tokio::test]
 async fn liveness_and_readiness_are_serving_while_the_database_answers() {
     let app = spawn_app().await;

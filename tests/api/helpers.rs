@@ -15,6 +15,8 @@ use idempotency_coordinator::store::{Clock, Store};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 
@@ -747,4 +749,30 @@ pub async fn taken_over(app: &TestApp) -> (proto::AcquireResponse, proto::Acquir
     app.clock.advance(Duration::from_secs(6));
     let fresh = proceed(&mut c, req).await;
     (stale, fresh)
+}
+
+/// The readiness service name Kubernetes probes ask about.
+pub const READINESS: &str = "idempotency.v1.Coordinator";
+
+/// `server`'s health as a probe of `service` sees it.
+pub async fn health(server: &TestServer, service: &str) -> ServingStatus {
+    let mut client = HealthClient::new(server.channel().await);
+    let resp = client
+        .check(HealthCheckRequest {
+            service: service.into(),
+        })
+        .await
+        .expect("health check")
+        .into_inner();
+    ServingStatus::try_from(resp.status).unwrap()
+}
+
+/// Waits until `server` reports `wanted` for `service`.
+pub async fn until_health(server: &TestServer, service: &str, wanted: ServingStatus) {
+    eventually(
+        &format!("{service:?} to be {wanted:?}"),
+        Duration::from_secs(10),
+        || async { (health(server, service).await == wanted).then_some(()) },
+    )
+    .await;
 }

@@ -4,7 +4,9 @@
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
+use idempotency_coordinator::config::ServeConfig;
 use idempotency_coordinator::proto::{self, Decision, complete_request::Outcome};
+use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::helpers::*;
 
@@ -241,4 +243,58 @@ async fn a_heartbeat_keeps_waiters_waiting_until_the_extended_lease_ends() {
         (Duration::from_millis(3900)..Duration::from_secs(6)).contains(&waited),
         "taken over when the extended lease ended, not the original one: {waited:?}"
     );
+}
+
+#[tokio::test]
+async fn waiters_of_a_replica_whose_listener_is_down_hear_a_change_even_while_it_stops() {
+    let db = TestDatabase::create().await;
+    let mut slow_to_reconnect = ServeConfig::new("127.0.0.1:0".parse().unwrap(), db.url.clone());
+    slow_to_reconnect.health_interval = Duration::from_secs(5);
+    let a = start_server(slow_to_reconnect).await;
+    let b = start_server(ServeConfig::new(
+        "127.0.0.1:0".parse().unwrap(),
+        db.url.clone(),
+    ))
+    .await;
+    until_health(&a, READINESS, ServingStatus::Serving).await;
+    let mut cb = b.client.clone();
+    let holder = proceed(&mut cb, acquire("s", "k")).await;
+    let mut wa = a.client.clone();
+    let waiter = tokio::spawn(async move { wa.acquire(waiting("s", "k", 20)).await });
+    until_parked(&a, 1).await;
+
+    // A loses its listener (and reconnects only after 5 s), then is asked to
+    // stop while its waiter still waits: notifications cannot reach it.
+    db.connect()
+        .await
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+              WHERE datname = $1 AND pid <> pg_backend_pid()",
+            &[&db.name],
+        )
+        .await
+        .unwrap();
+    until_health(&a, READINESS, ServingStatus::NotServing).await;
+    let stopping = tokio::spawn(a.stop());
+
+    let call = complete("s", "k", &token(&holder), success(b"done"));
+    eventually(
+        "Complete to go through on B",
+        Duration::from_secs(10),
+        || {
+            let mut c = cb.clone();
+            let call = call.clone();
+            async move { c.complete(call).await.ok() }
+        },
+    )
+    .await;
+    let completed = Instant::now();
+    let answer = waiter.await.unwrap().expect("acquire").into_inner();
+    assert_eq!(decision(&answer), Decision::AlreadyDone);
+    assert!(
+        completed.elapsed() < Duration::from_secs(3),
+        "heard by polling, not at the window's end: {:?}",
+        completed.elapsed()
+    );
+    stopping.await.unwrap();
 }
