@@ -376,7 +376,8 @@ impl Store {
         wait: Option<Duration>,
     ) -> Result<Acquired, StoreError> {
         if let Some(replays) = &self.replays
-            && let Some(answer) = replays.answer(cmd, self.clock.now())
+            && let Some(now) = self.clock.database_now()
+            && let Some(answer) = replays.answer(cmd, now)
         {
             return Ok(answer);
         }
@@ -397,8 +398,10 @@ impl Store {
             record: row::record(&row)?,
             retry_after,
         };
-        if let Some(replays) = &self.replays {
-            replays.remember(&cmd.id, &acquired.record, self.clock.now());
+        if let Some(replays) = &self.replays
+            && let Some(now) = self.clock.database_now()
+        {
+            replays.remember(&cmd.id, &acquired.record, now);
         }
         Ok(acquired)
     }

@@ -7,14 +7,18 @@
 //! or CONFLICT (another fingerprint), with the record as it is. That is
 //! `replay`'s answer too, on any replica, without a round trip.
 //!
-//! Expiry is judged against the database's clock, estimated as this process's
-//! wall clock plus the store's offset. An entry stops answering `CLOCK_MARGIN`
-//! before `expires_at`, so a replica whose clock is behind the database's by
-//! less than that never answers for an expired record. Entries are weighed by
-//! their size, and the least useful go first once the cache is full.
+//! Expiry is judged against the database's clock: this process's wall clock
+//! moved by the skew the listener measures (nothing is kept or answered until
+//! it has). An entry stops answering `CLOCK_MARGIN` before `expires_at`, which
+//! covers the measurement's error and the clock's drift between two checks.
+//! It is also read again from the database at least every `MAX_AGE`, so a
+//! record changed behind the service's back (deleted by hand, restored from a
+//! backup) is not answered from memory for longer than that. Entries are
+//! weighed by their size, and the least useful go first once the cache is
+//! full; a record weighing more than a few percent of the cache is not kept.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use quick_cache::Weighter;
@@ -26,9 +30,18 @@ use crate::domain::{AcquireCommand, Acquired, Decision, Record, RecordId, Status
 /// clock difference between a replica and the database is ever expected to be.
 pub const CLOCK_MARGIN: Duration = Duration::from_secs(5);
 
+/// How long an entry answers before the record is read again.
+pub const MAX_AGE: Duration = Duration::from_secs(60);
+
+/// A record as read, and when.
+struct Kept {
+    record: Record,
+    at: Instant,
+}
+
 /// Records kept, by the caller's tenant, scope and key.
 pub struct Replays {
-    records: Cache<RecordId, Arc<Record>, BySize>,
+    records: Cache<RecordId, Arc<Kept>, BySize>,
 }
 
 impl Replays {
@@ -43,11 +56,12 @@ impl Replays {
     /// The answer `idempotency_acquire` would give `cmd` at `now` (database
     /// time), if this process holds the record and it is live.
     pub fn answer(&self, cmd: &AcquireCommand, now: DateTime<Utc>) -> Option<Acquired> {
-        let record = self.records.get(&cmd.id)?;
-        if !answers_until(&record, now) {
-            self.records.remove(&cmd.id);
+        let kept = self.records.get(&cmd.id)?;
+        if kept.at.elapsed() >= MAX_AGE || !answers_until(&kept.record, now) {
+            // Left in place: a fresher read replaces it, or eviction does.
             return None;
         }
+        let record = &kept.record;
         let decision = if record.fingerprint == cmd.fingerprint {
             Decision::AlreadyDone
         } else {
@@ -55,16 +69,23 @@ impl Replays {
         };
         Some(Acquired {
             decision,
-            record: Record::clone(&record),
+            record: record.clone(),
             retry_after: None,
         })
     }
 
     /// Keeps `record`, read for `id` at `now` (database time), if it is
-    /// SUCCEEDED and not about to expire.
+    /// SUCCEEDED and not about to expire; otherwise forgets what was kept
+    /// for `id`, since the database's answer is newer.
     pub fn remember(&self, id: &RecordId, record: &Record, now: DateTime<Utc>) {
-        if record.status == Status::Succeeded && answers_until(record, now) {
-            self.records.insert(id.clone(), Arc::new(record.clone()));
+        if record.status != Status::Succeeded || !answers_until(record, now) {
+            self.records.remove(id);
+        } else {
+            let kept = Kept {
+                record: record.clone(),
+                at: Instant::now(),
+            };
+            self.records.insert(id.clone(), Arc::new(kept));
         }
     }
 }
@@ -81,13 +102,14 @@ fn answers_until(record: &Record, now: DateTime<Utc>) -> bool {
 #[derive(Clone)]
 struct BySize;
 
-impl Weighter<RecordId, Arc<Record>> for BySize {
-    fn weight(&self, id: &RecordId, record: &Arc<Record>) -> u64 {
+impl Weighter<RecordId, Arc<Kept>> for BySize {
+    fn weight(&self, id: &RecordId, kept: &Arc<Kept>) -> u64 {
+        let record = &kept.record;
         let id_bytes = id.tenant.as_str().len() + id.scope.as_str().len() + id.key.as_str().len();
         let result_bytes = record.result.as_ref().map_or(0, |r| {
             r.result.len() + r.content_type.len() + r.result_ref.len()
         });
-        let bytes = std::mem::size_of::<Record>()
+        let bytes = std::mem::size_of::<Kept>()
             + std::mem::size_of::<RecordId>()
             + id_bytes
             + record.scope.len()
@@ -197,12 +219,6 @@ mod tests {
             replays
                 .answer(&command("t", b"request"), expires_at - margin)
                 .is_none()
-        );
-        assert!(
-            replays
-                .answer(&command("t", b"request"), just_before)
-                .is_none(),
-            "an entry past its time is dropped"
         );
 
         let soon = now + margin;

@@ -8,6 +8,7 @@ use idempotency_coordinator::config::ServeConfig;
 use idempotency_coordinator::proto::coordinator_client::CoordinatorClient;
 use idempotency_coordinator::proto::{self, Decision};
 use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::helpers::*;
 
@@ -93,4 +94,26 @@ async fn two_replicas_agree_once_a_record_both_replayed_has_expired() {
         Decision::InProgress,
         "replica a sees b's new lease, not the expired result it replayed"
     );
+}
+
+#[tokio::test]
+async fn a_replay_is_answered_from_memory_while_the_database_is_unreachable() {
+    let db = TestDatabase::create().await;
+    let proxy = DatabaseProxy::start("127.0.0.1:5432".parse().unwrap()).await;
+    let mut config = ServeConfig::new("127.0.0.1:0".parse().unwrap(), proxy.url_for(&db));
+    config.store.connect_wait = Duration::from_millis(300);
+    let server = start_server(config).await;
+    // Ready means the listener has read the database's clock, which replays
+    // from memory need.
+    until_health(&server, READINESS, ServingStatus::Serving).await;
+    let mut c = server.client.clone();
+    done(&mut c, b"kept").await;
+    let replay = answer(&mut c).await;
+
+    proxy.cut();
+    assert_eq!(answer(&mut c).await, replay);
+    let unreachable = c.get(get_req("s", "k")).await.unwrap_err();
+    assert_eq!(unreachable.code(), tonic::Code::Unavailable);
+    let other_key = c.acquire(acquire("s", "other")).await.unwrap_err();
+    assert_eq!(other_key.code(), tonic::Code::Unavailable);
 }
