@@ -145,9 +145,9 @@ pub struct ServeArgs {
     pub batch_size: usize,
 
     /// Memory, in MiB, for SUCCEEDED records that repeated Acquires are
-    /// answered from without the database, until 5 s before they expire
-    /// (this replica's clock may be up to that far behind the database's);
-    /// 0: every Acquire asks the database.
+    /// answered from without the database, until 5 s before they expire by
+    /// the database's clock and for at most a minute per read; 0: every
+    /// Acquire asks the database.
     #[arg(long, env = "IDEMPOTENCY_REPLAY_CACHE_MIB", default_value_t = DEFAULT_REPLAY_CACHE_MIB,
           value_parser = clap::value_parser!(u64).range(0..=65536))]
     pub replay_cache_mib: u64,
