@@ -294,6 +294,58 @@ impl Coordinator for CoordinatorService {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::notify::WaiterLimits;
+    use crate::store::{Clock, StoreConfig};
+
+    /// The Coordinator over a store that never connects: enough to build
+    /// calls' futures without running them.
+    fn service() -> CoordinatorService {
+        let config = StoreConfig {
+            database_url: "postgres://nobody@127.0.0.1:1/none".into(),
+            pool_size: 1,
+            connect_wait: Duration::from_secs(1),
+            query_timeout: Duration::from_secs(1),
+            shared_connections: 0,
+            batch_size: 1,
+            replay_cache_bytes: 0,
+        };
+        let store = Store::new(&config, Clock::default()).unwrap();
+        CoordinatorService::new(
+            store.clone(),
+            Arc::new(Policy::default()),
+            Hub::new(WaiterLimits {
+                total: 10,
+                per_tenant: 10,
+            }),
+            Sweeper::new(store, 10),
+            FeedConfig {
+                offer: Duration::from_secs(1),
+                poll: Duration::from_secs(1),
+            },
+            Arc::new(Authenticator::new(None).unwrap()),
+        )
+    }
+
+    #[test]
+    fn a_waiting_acquire_fits_in_640_bytes() {
+        // Ten thousand of these are the server's memory; 640 bytes is one of
+        // jemalloc's size classes, and the next is 768 (README, Memory).
+        let service = service();
+        let request = Request::new(proto::AcquireRequest {
+            scope: "s".into(),
+            key: "k".into(),
+            wait: Some(prost_types::Duration {
+                seconds: 30,
+                nanos: 0,
+            }),
+            ..Default::default()
+        });
+        let call = service.acquire(request);
+        let size = std::mem::size_of_val(&*call);
+        assert!(size <= 640, "a waiting Acquire's future is {size} bytes");
+        // A refused request's future is far smaller: this one was accepted.
+        assert!(size > 320, "{size} bytes: the request was refused");
+    }
 
     #[test]
     fn grpc_timeouts_are_read_in_every_unit() {
