@@ -14,8 +14,9 @@
 //! a process are its main cost in memory.
 //!
 //! The same connection tells readiness: `idempotency.v1.Coordinator` is
-//! SERVING only while it is connected, listening and answering a `SELECT 1`
-//! every interval.
+//! SERVING only while it is connected, listening and telling its clock every
+//! interval; that reading also gives the store the skew between the
+//! database's clock and this host's (see `store::replays`).
 
 use std::collections::HashMap;
 use std::future::Future;
