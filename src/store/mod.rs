@@ -333,7 +333,9 @@ impl Store {
     /// run alone like any other call.
     ///
     /// Not an `async fn`, so that the future the caller awaits holds the
-    /// call's arguments only when it runs the statement itself (boxed).
+    /// call's arguments only when it runs the statement itself (boxed). A
+    /// batched call is queued when this is called, so await what it returns:
+    /// a queued call whose future is dropped unpolled still runs.
     fn run_call<'a, C: Call>(
         &'a self,
         call: C,
