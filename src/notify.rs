@@ -469,14 +469,17 @@ impl Drop for DownWhenDropped<'_> {
     }
 }
 
-/// Asks the database for its clock, which also shows that it answers, and
-/// records the skew between its clock and ours.
+/// Asks the database for its clock with `read` (`SELECT clock_timestamp()`,
+/// prepared once per connection, so the reading spans one round trip), which
+/// also shows that it answers, and records the skew between its clock and
+/// ours.
 async fn read_clock(
     client: &tokio_postgres::Client,
+    read: &tokio_postgres::Statement,
     clock: &Clock,
 ) -> Result<(), tokio_postgres::Error> {
     let before = Utc::now();
-    let row = client.query_one("SELECT clock_timestamp()", &[]).await?;
+    let row = client.query_one(read, &[]).await?;
     let after = Utc::now();
     clock.measured(row.try_get(0)?, before, after);
     Ok(())
@@ -516,7 +519,17 @@ async fn listen_once(
         driver.abort();
         return (format!("LISTEN failed: {}", cause_chain(&e)), false);
     }
-    if let Err(e) = read_clock(&client, clock).await {
+    let read = match client.prepare("SELECT clock_timestamp()").await {
+        Ok(read) => read,
+        Err(e) => {
+            driver.abort();
+            return (
+                format!("preparing the check failed: {}", cause_chain(&e)),
+                false,
+            );
+        }
+    };
+    if let Err(e) = read_clock(&client, &read, clock).await {
         driver.abort();
         return (
             format!("reading the clock failed: {}", cause_chain(&e)),
@@ -528,7 +541,7 @@ async fn listen_once(
     set_ready(reporter, true).await;
     let why = loop {
         tokio::time::sleep(interval).await;
-        match tokio::time::timeout(interval, read_clock(&client, clock)).await {
+        match tokio::time::timeout(interval, read_clock(&client, &read, clock)).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => break format!("check failed: {}", cause_chain(&e)),
             Err(_) => break format!("check took longer than {interval:?}"),
