@@ -7,7 +7,9 @@
 //! SHA-256 digests are kept in memory, and a presented token's digest is
 //! compared with every entry in constant time, so timing reveals nothing of
 //! the tokens. The file is read again on SIGHUP; a file that does not parse
-//! leaves the credentials in force as they were.
+//! leaves the credentials in force as they were, and so does an empty file
+//! (unless empty is allowed) or one that does not end with a newline (read
+//! while being written: replace the file by renaming a new one over it).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -47,6 +49,14 @@ pub enum CredentialsError {
     },
     #[error("line {line}: {why}")]
     Line { line: usize, why: String },
+    #[error(
+        "{0} holds no credential, which would refuse every caller; pass --allow-empty-credentials if that is meant"
+    )]
+    Empty(PathBuf),
+    #[error(
+        "{0} does not end with a newline: it may have been read while being written; write the new file beside it and rename it into place"
+    )]
+    Unterminated(PathBuf),
 }
 
 struct Entry {
@@ -107,12 +117,21 @@ impl Credentials {
         Ok(Credentials { entries })
     }
 
-    pub fn load(path: &Path) -> Result<Self, CredentialsError> {
+    /// Reads a credentials file. A file cut short (no newline at its end)
+    /// is refused, and so is one without credentials unless `allow_empty`.
+    pub fn load(path: &Path, allow_empty: bool) -> Result<Self, CredentialsError> {
         let text = std::fs::read_to_string(path).map_err(|source| CredentialsError::Read {
             path: path.to_owned(),
             source,
         })?;
-        Self::parse(&text)
+        if !text.is_empty() && !text.ends_with('\n') {
+            return Err(CredentialsError::Unterminated(path.to_owned()));
+        }
+        let credentials = Self::parse(&text)?;
+        if credentials.is_empty() && !allow_empty {
+            return Err(CredentialsError::Empty(path.to_owned()));
+        }
+        Ok(credentials)
     }
 
     pub fn len(&self) -> usize {
@@ -143,19 +162,22 @@ pub enum Authenticator {
     Off,
     Tokens {
         path: PathBuf,
+        /// A file without credentials is accepted (everyone is refused).
+        allow_empty: bool,
         current: RwLock<Arc<Credentials>>,
     },
 }
 
 impl Authenticator {
     /// Reads the credentials file, if there is one.
-    pub fn new(path: Option<PathBuf>) -> Result<Self, CredentialsError> {
+    pub fn new(path: Option<PathBuf>, allow_empty: bool) -> Result<Self, CredentialsError> {
         Ok(match path {
             None => Authenticator::Off,
             Some(path) => {
-                let credentials = Credentials::load(&path)?;
+                let credentials = Credentials::load(&path, allow_empty)?;
                 Authenticator::Tokens {
                     current: RwLock::new(Arc::new(credentials)),
+                    allow_empty,
                     path,
                 }
             }
@@ -168,14 +190,19 @@ impl Authenticator {
 
     /// The caller the request's credentials name.
     pub fn caller(&self, metadata: &MetadataMap) -> Result<Caller, AuthError> {
+        self.caller_from_headers(metadata.as_ref())
+    }
+
+    /// The caller a call's HTTP/2 headers name.
+    pub fn caller_from_headers(&self, headers: &http::HeaderMap) -> Result<Caller, AuthError> {
         let Authenticator::Tokens { current, .. } = self else {
             return Ok(Caller {
                 tenant: Tenant::default_tenant(),
                 admin: true,
             });
         };
-        let value = metadata
-            .get("authorization")
+        let value = headers
+            .get(http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .ok_or(AuthError::Missing)?;
         let token = value
@@ -191,10 +218,15 @@ impl Authenticator {
     /// Reads the credentials file again; on failure the old credentials stay
     /// in force and the error is returned for the log.
     pub fn reload(&self) -> Result<usize, CredentialsError> {
-        let Authenticator::Tokens { path, current } = self else {
+        let Authenticator::Tokens {
+            path,
+            allow_empty,
+            current,
+        } = self
+        else {
             return Ok(0);
         };
-        let fresh = Credentials::load(path)?;
+        let fresh = Credentials::load(path, *allow_empty)?;
         let n = fresh.len();
         *current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(fresh);
         Ok(n)

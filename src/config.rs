@@ -15,6 +15,7 @@ use crate::recovery::WebhookConfig;
 use crate::service::FeedConfig;
 use crate::store::StoreConfig;
 use crate::tls::TlsFiles;
+use crate::transport::{ConnectionLimits, MAX_HEADER_LIST_BYTES, WINDOW_BYTES};
 
 /// Connections the pool keeps open at most.
 pub const DEFAULT_POOL_SIZE: usize = 16;
@@ -42,6 +43,23 @@ pub const DEFAULT_WAITER_LIMITS: WaiterLimits = WaiterLimits {
 pub const DEFAULT_MAX_STREAMS: u32 = 1000;
 /// The largest request the server decodes.
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
+/// Request bytes the server holds at once while requests arrive, in MiB.
+pub const DEFAULT_MAX_INFLIGHT_REQUEST_MIB: usize = 64;
+/// How long a request's body may take to arrive.
+pub const DEFAULT_REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Client connections served at once.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// How long a new connection may take to send its TLS handshake and HTTP/2
+/// preface.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a connection with no call open is kept.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// Silence on a connection after which the server pings it.
+pub const DEFAULT_HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
+/// How long a ping may go unanswered before the connection is dropped.
+pub const DEFAULT_HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Silence after which TCP keepalive probes start.
+pub const DEFAULT_TCP_KEEPALIVE: Duration = Duration::from_secs(60);
 /// How often the background sweeper runs.
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 /// Rows of each kind per sweeping transaction.
@@ -112,9 +130,19 @@ pub struct ServeArgs {
 
     /// Require bearer tokens: a file of `<token or sha256:HEX> <tenant>
     /// [admin]` lines (`#` comments), read again on SIGHUP. Without it every
-    /// caller is one default tenant.
+    /// caller is one default tenant. Replace it by renaming a new file over
+    /// it: a file that does not end with a newline is refused as cut short.
     #[arg(long, env = "IDEMPOTENCY_AUTH_TOKENS")]
     pub auth_tokens: Option<PathBuf>,
+
+    /// Accept a credentials file with no credential in it (every Coordinator
+    /// call is then refused); without it such a file is refused as a mistake.
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_ALLOW_EMPTY_CREDENTIALS",
+        requires = "auth_tokens"
+    )]
+    pub allow_empty_credentials: bool,
 
     /// Serve TLS with this PEM certificate chain (needs --tls-key); read
     /// again on SIGHUP. Without it the port speaks plaintext.
@@ -226,6 +254,47 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEMPOTENCY_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
     pub max_request_bytes: usize,
 
+    /// Request bytes, in MiB, the server holds at once while requests arrive
+    /// (with a fixed share per call for its headers and state); past it calls
+    /// get RESOURCE_EXHAUSTED at once.
+    #[arg(long, env = "IDEMPOTENCY_MAX_INFLIGHT_REQUEST_MIB", default_value_t = DEFAULT_MAX_INFLIGHT_REQUEST_MIB,
+          value_parser = TypedValueParser::map(clap::value_parser!(u32).range(1..=65536), |v| v as usize))]
+    pub max_inflight_request_mib: usize,
+
+    /// How long a request's body may take to arrive after its headers
+    /// (DEADLINE_EXCEEDED after that, and the call does not run).
+    #[arg(long, env = "IDEMPOTENCY_REQUEST_BODY_TIMEOUT", default_value_t = hd(DEFAULT_REQUEST_BODY_TIMEOUT))]
+    pub request_body_timeout: humantime::Duration,
+
+    /// Client connections served at once (lowered to fit the open file
+    /// limit); more wait in the listen queue.
+    #[arg(long, env = "IDEMPOTENCY_MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+
+    /// How long a new connection may take to complete its TLS handshake and
+    /// send the HTTP/2 preface before it is closed.
+    #[arg(long, env = "IDEMPOTENCY_HANDSHAKE_TIMEOUT", default_value_t = hd(DEFAULT_HANDSHAKE_TIMEOUT))]
+    pub handshake_timeout: humantime::Duration,
+
+    /// Close a connection that has had no call open for this long (GOAWAY;
+    /// clients reconnect on their next call); 0 keeps idle connections.
+    #[arg(long, env = "IDEMPOTENCY_IDLE_TIMEOUT", default_value_t = hd(DEFAULT_IDLE_TIMEOUT))]
+    pub idle_timeout: humantime::Duration,
+
+    /// Ping a connection that has been silent this long, and drop it if the
+    /// ping is not answered within --http2-keepalive-timeout; 0: no pings.
+    #[arg(long, env = "IDEMPOTENCY_HTTP2_KEEPALIVE_INTERVAL", default_value_t = hd(DEFAULT_HTTP2_KEEPALIVE_INTERVAL))]
+    pub http2_keepalive_interval: humantime::Duration,
+
+    /// How long a keepalive ping may go unanswered.
+    #[arg(long, env = "IDEMPOTENCY_HTTP2_KEEPALIVE_TIMEOUT", default_value_t = hd(DEFAULT_HTTP2_KEEPALIVE_TIMEOUT))]
+    pub http2_keepalive_timeout: humantime::Duration,
+
+    /// TCP keepalive probes after this much silence on a connection (the
+    /// kernel drops it after three unanswered probes); 0: off.
+    #[arg(long, env = "IDEMPOTENCY_TCP_KEEPALIVE", default_value_t = hd(DEFAULT_TCP_KEEPALIVE))]
+    pub tcp_keepalive: humantime::Duration,
+
     /// How often the background sweeper deletes expired records and reclaims
     /// dead leases (one replica at a time); 0 turns it off.
     #[arg(long, env = "IDEMPOTENCY_SWEEP_INTERVAL", default_value_t = hd(DEFAULT_SWEEP_INTERVAL))]
@@ -271,6 +340,10 @@ pub struct ServeArgs {
     pub shutdown_delay: humantime::Duration,
 }
 
+fn nonzero(d: Duration) -> Option<Duration> {
+    (!d.is_zero()).then_some(d)
+}
+
 /// Everything `serve` needs, resolved.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -288,8 +361,14 @@ pub struct ServeConfig {
     /// The credentials file; `None`: authentication off.
     pub auth_tokens: Option<PathBuf>,
     pub waiter_limits: WaiterLimits,
-    pub max_concurrent_streams: u32,
     pub max_request_bytes: usize,
+    /// Request bytes held at once while requests arrive.
+    pub max_inflight_request_bytes: usize,
+    pub request_body_timeout: Duration,
+    /// Accepting and keeping connections.
+    pub connections: ConnectionLimits,
+    /// A credentials file without credentials is accepted.
+    pub allow_empty_credentials: bool,
     /// TLS files; `None`: plaintext.
     pub tls: Option<TlsFiles>,
 }
@@ -321,8 +400,21 @@ impl ServeConfig {
             webhook: None,
             auth_tokens: None,
             waiter_limits: DEFAULT_WAITER_LIMITS,
-            max_concurrent_streams: DEFAULT_MAX_STREAMS,
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            max_inflight_request_bytes: DEFAULT_MAX_INFLIGHT_REQUEST_MIB << 20,
+            request_body_timeout: DEFAULT_REQUEST_BODY_TIMEOUT,
+            connections: ConnectionLimits {
+                max_connections: DEFAULT_MAX_CONNECTIONS,
+                max_concurrent_streams: DEFAULT_MAX_STREAMS,
+                handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+                idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
+                keepalive_interval: Some(DEFAULT_HTTP2_KEEPALIVE_INTERVAL),
+                keepalive_timeout: DEFAULT_HTTP2_KEEPALIVE_TIMEOUT,
+                tcp_keepalive: Some(DEFAULT_TCP_KEEPALIVE),
+                max_header_list_bytes: MAX_HEADER_LIST_BYTES,
+                window_bytes: WINDOW_BYTES,
+            },
+            allow_empty_credentials: false,
             tls: None,
         }
     }
@@ -378,8 +470,21 @@ impl From<ServeArgs> for ServeConfig {
                 total: a.max_waiters,
                 per_tenant: a.max_waiters_per_tenant,
             },
-            max_concurrent_streams: a.max_concurrent_streams,
             max_request_bytes: a.max_request_bytes,
+            max_inflight_request_bytes: a.max_inflight_request_mib << 20,
+            request_body_timeout: a.request_body_timeout.into(),
+            connections: ConnectionLimits {
+                max_connections: a.max_connections,
+                max_concurrent_streams: a.max_concurrent_streams,
+                handshake_timeout: a.handshake_timeout.into(),
+                idle_timeout: nonzero(a.idle_timeout.into()),
+                keepalive_interval: nonzero(a.http2_keepalive_interval.into()),
+                keepalive_timeout: a.http2_keepalive_timeout.into(),
+                tcp_keepalive: nonzero(a.tcp_keepalive.into()),
+                max_header_list_bytes: MAX_HEADER_LIST_BYTES,
+                window_bytes: WINDOW_BYTES,
+            },
+            allow_empty_credentials: a.allow_empty_credentials,
             tls: a.tls_cert.zip(a.tls_key).map(|(cert, key)| TlsFiles {
                 cert,
                 key,

@@ -48,6 +48,24 @@ pub enum Error {
     PermissionDenied(&'static str),
     #[error(transparent)]
     TooManyWaiters(#[from] TooManyWaiters),
+    /// The server holds as many arriving request bytes as it may.
+    #[error("the server is receiving too many requests at once; try again shortly")]
+    Overloaded,
+    /// A message declared longer than the server accepts.
+    #[error("the request message is {declared} bytes, over the limit of {limit} ({flag})")]
+    RequestTooLarge {
+        declared: usize,
+        limit: usize,
+        flag: &'static str,
+    },
+    /// A request body that did not arrive in time; the call did not run.
+    #[error(
+        "the request did not arrive within {0:?} (--request-body-timeout); the call did not run"
+    )]
+    RequestTooSlow(Duration),
+    /// The caller's deadline passed before the answer was ready.
+    #[error("the call's deadline passed before it was answered")]
+    DeadlineExceeded,
 }
 
 fn describe(violations: &[Violation]) -> String {
@@ -137,6 +155,30 @@ impl From<Error> for Status {
                 "TOO_MANY_WAITERS",
                 message,
                 ErrorDetails::with_retry_info(Some(UNAVAILABLE_RETRY_DELAY)),
+            ),
+            Error::Overloaded => status(
+                Code::ResourceExhausted,
+                "SERVER_BUSY",
+                message,
+                ErrorDetails::with_retry_info(Some(UNAVAILABLE_RETRY_DELAY)),
+            ),
+            Error::RequestTooLarge { .. } => status(
+                Code::ResourceExhausted,
+                "REQUEST_TOO_LARGE",
+                message,
+                ErrorDetails::new(),
+            ),
+            Error::RequestTooSlow(_) => status(
+                Code::DeadlineExceeded,
+                "REQUEST_TOO_SLOW",
+                message,
+                ErrorDetails::new(),
+            ),
+            Error::DeadlineExceeded => status(
+                Code::DeadlineExceeded,
+                "DEADLINE_EXCEEDED",
+                message,
+                ErrorDetails::new(),
             ),
         }
     }

@@ -54,6 +54,7 @@ pub mod store;
 pub mod sweeper;
 pub mod telemetry;
 pub mod tls;
+pub mod transport;
 
 /// Generated from the proto; the only place that includes generated code.
 #[allow(clippy::all, clippy::pedantic, missing_docs)]

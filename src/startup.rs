@@ -6,8 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
-use tonic::transport::Server;
-use tonic::transport::server::TcpIncoming;
+use tonic::service::Routes;
 use tonic_health::ServingStatus;
 
 use crate::auth::{Authenticator, CredentialsError};
@@ -19,7 +18,8 @@ use crate::recovery::Webhook;
 use crate::service::CoordinatorService;
 use crate::store::{self, Clock, Store, StoreError, migrate};
 use crate::sweeper::{self, SweepTotals, Sweeper};
-use crate::tls::{self, Tls, TlsError};
+use crate::tls::{Tls, TlsError};
+use crate::transport::{self, Admission, ByteBudget};
 
 /// Room for the rest of a Complete request around the largest result.
 const REQUEST_OVERHEAD_BYTES: usize = 64 * 1024;
@@ -44,8 +44,6 @@ pub enum StartupError {
     },
     #[error("cannot build the reflection service")]
     Reflection(#[from] tonic_reflection::server::Error),
-    #[error("the gRPC server failed")]
-    Serve(#[from] tonic::transport::Error),
 }
 
 /// Applies pending migrations over one connection of `store`.
@@ -61,6 +59,34 @@ pub async fn run_migrations(store: &Store) -> Result<Vec<i32>, StartupError> {
         tracing::info!(?applied, "applied migrations");
     }
     Ok(applied)
+}
+
+/// Open files the server needs besides client connections: its database
+/// connections, the listener, the runtime's own, the webhook's and logs.
+const RESERVED_FILES: usize = 64;
+
+/// The connection limit in force: the configured one, lowered (with a
+/// warning) so that client connections cannot take the descriptors that
+/// database connections need.
+fn connection_cap(config: &ServeConfig) -> usize {
+    let wanted = config.connections.max_connections;
+    let Some(files) = transport::raise_open_file_limit() else {
+        return wanted;
+    };
+    let reserved = RESERVED_FILES + config.store.pool_size + config.store.shared_connections;
+    let fits = usize::try_from(files)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(reserved)
+        .max(1);
+    if fits < wanted {
+        tracing::warn!(
+            max_connections = fits,
+            configured = wanted,
+            open_file_limit = files,
+            "the open file limit lowers the connection limit"
+        );
+    }
+    wanted.min(fits)
 }
 
 /// A server that is bound and migrated, ready to run.
@@ -97,7 +123,10 @@ impl Application {
                 webhook.url.scheme()
             )));
         }
-        let auth = Arc::new(Authenticator::new(config.auth_tokens.clone())?);
+        let auth = Arc::new(Authenticator::new(
+            config.auth_tokens.clone(),
+            config.allow_empty_credentials,
+        )?);
         let tls = config.tls.clone().map(Tls::load).transpose()?.map(Arc::new);
         let store = Store::new(&config.store, Clock::default()).map_err(StartupError::Database)?;
         if config.run_migrations {
@@ -236,11 +265,12 @@ impl Application {
             hub,
             sweeper,
             config.feed,
-            auth,
+            Arc::clone(&auth),
         ))
         // Requests somewhat over the result limit still decode, so the caller
         // hears INVALID_ARGUMENT naming `success.result`; past
-        // --max-request-bytes the transport refuses them (RESOURCE_EXHAUSTED).
+        // --max-request-bytes admission refuses them (RESOURCE_EXHAUSTED)
+        // from their length prefix, before they arrive.
         .max_decoding_message_size(config.max_request_bytes);
 
         let shutdown_delay = config.shutdown_delay;
@@ -264,32 +294,29 @@ impl Application {
             tracing::info!("closing; calls in flight finish first");
         };
 
-        let router = Server::builder()
-            .max_concurrent_streams(config.max_concurrent_streams)
-            .add_service(health)
+        let routes = Routes::new(health)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
-            .add_service(coordinator);
-        let served = match tls {
-            Some(tls) => {
-                tracing::info!(%addr, mutual = config.tls.as_ref().is_some_and(|t| t.client_ca.is_some()), "listening with TLS");
-                let (incoming, accepting) = tls::incoming(listener, tls);
-                let served = router.serve_with_incoming_shutdown(incoming, drain).await;
-                accepting.abort();
-                served
-            }
-            None => {
-                tracing::info!(%addr, "listening");
-                router
-                    .serve_with_incoming_shutdown(
-                        TcpIncoming::from(listener).with_nodelay(Some(true)),
-                        drain,
-                    )
-                    .await
-            }
-        };
+            .add_service(coordinator)
+            .prepare();
+        let admission = Arc::new(Admission::new(
+            routes,
+            auth,
+            ByteBudget::new(config.max_inflight_request_bytes),
+            config.max_request_bytes,
+            config.request_body_timeout,
+        ));
+        let mut connections = config.connections;
+        connections.max_connections = connection_cap(&config);
+        tracing::info!(
+            %addr,
+            tls = tls.is_some(),
+            mutual = config.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
+            max_connections = connections.max_connections,
+            "listening"
+        );
+        transport::serve(listener, tls, admission, connections, drain).await;
         polling.abort();
-        served?;
         tracing::info!("stopped");
         Ok(())
     }

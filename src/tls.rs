@@ -5,22 +5,11 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
-
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
-use tokio_rustls::server::TlsStream;
-use tokio_stream::wrappers::ReceiverStream;
-
-/// A handshake that takes longer than this is dropped, so a client that
-/// connects and sends nothing holds no resources for long.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where the server's certificate, key and (for mutual TLS) client CA live.
 #[derive(Debug, Clone)]
@@ -114,49 +103,11 @@ impl Tls {
         Ok(())
     }
 
-    fn acceptor(&self) -> TlsAcceptor {
+    /// The acceptor for a new connection's handshake.
+    pub fn acceptor(&self) -> TlsAcceptor {
         self.acceptor
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
     }
-}
-
-/// Accepts connections on `listener` and completes their TLS handshakes off
-/// the accept loop (a slow client never holds up the others). Connections
-/// whose handshake fails are dropped. Abort the returned task to stop.
-pub fn incoming(
-    listener: TcpListener,
-    tls: Arc<Tls>,
-) -> (
-    ReceiverStream<Result<TlsStream<TcpStream>, std::io::Error>>,
-    JoinHandle<()>,
-) {
-    let (ready, stream) = mpsc::channel(64);
-    let accepting = tokio::spawn(async move {
-        loop {
-            let tcp = match listener.accept().await {
-                Ok((tcp, _)) => tcp,
-                Err(e) => {
-                    // Out of file descriptors and the like: pause, go on.
-                    tracing::warn!(error = %e, "cannot accept a connection");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let _ = tcp.set_nodelay(true);
-            let acceptor = tls.acceptor();
-            let ready = ready.clone();
-            tokio::spawn(async move {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                    Ok(Ok(stream)) => {
-                        let _ = ready.send(Ok(stream)).await;
-                    }
-                    Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
-                    Err(_) => tracing::debug!("TLS handshake timed out"),
-                }
-            });
-        }
-    });
-    (ReceiverStream::new(stream), accepting)
 }

@@ -65,27 +65,19 @@ impl CoordinatorService {
         }
     }
 
-    /// The authenticated caller of `request`.
+    /// The authenticated caller of `request`: the one admission found on
+    /// its headers, or (when admission had nothing to check) the headers'.
     fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Error> {
-        Ok(self.auth.caller(request.metadata())?)
+        match request.extensions().get::<Caller>() {
+            Some(caller) => Ok(caller.clone()),
+            None => Ok(self.auth.caller(request.metadata())?),
+        }
     }
 }
 
-/// How long the caller is prepared to wait, from its `grpc-timeout` header
-/// (`<digits><unit>` as the gRPC HTTP/2 protocol defines it).
+/// How long the caller is prepared to wait, from its `grpc-timeout` header.
 fn call_budget(metadata: &MetadataMap) -> Option<Duration> {
-    let value = metadata.get("grpc-timeout")?.to_str().ok()?;
-    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
-    let amount: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(amount.saturating_mul(3600)),
-        "M" => Duration::from_secs(amount.saturating_mul(60)),
-        "S" => Duration::from_secs(amount),
-        "m" => Duration::from_millis(amount),
-        "u" => Duration::from_micros(amount),
-        "n" => Duration::from_nanos(amount),
-        _ => return None,
-    })
+    crate::transport::grpc_timeout(metadata.as_ref())
 }
 
 impl CoordinatorService {
@@ -322,7 +314,7 @@ mod tests {
                 offer: Duration::from_secs(1),
                 poll: Duration::from_secs(1),
             },
-            Arc::new(Authenticator::new(None).unwrap()),
+            Arc::new(Authenticator::new(None, false).unwrap()),
         )
     }
 

@@ -1,0 +1,264 @@
+//! The one accept loop, for plaintext and TLS alike: at most
+//! `max_connections` connections at once (past that, new ones wait in the
+//! listen queue), a back-off when `accept` fails (out of file descriptors,
+//! say) instead of a spin, and a handshake time limit, so that a connection
+//! that sends nothing holds its descriptor for a few seconds at most.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, watch};
+
+use super::ConnectionLimits;
+use super::admission::Admission;
+use super::connection;
+use crate::tls::Tls;
+
+/// The first bytes of every HTTP/2 connection (RFC 9113, 3.4).
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The first pause after `accept` fails; it doubles up to
+/// [`MAX_ACCEPT_BACKOFF`] while failures go on.
+const FIRST_ACCEPT_BACKOFF: Duration = Duration::from_millis(5);
+const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Raises this process's soft limit on open files to its hard limit, and
+/// returns the limit in force (`None` where it cannot be read).
+pub fn raise_open_file_limit() -> Option<u64> {
+    let (soft, hard) = rlimit::Resource::NOFILE.get().ok()?;
+    if soft >= hard {
+        tracing::info!(limit = soft, "open file limit");
+        return Some(soft);
+    }
+    match rlimit::Resource::NOFILE.set(hard, hard) {
+        Ok(()) => {
+            tracing::info!(limit = hard, raised_from = soft, "open file limit raised");
+            Some(hard)
+        }
+        Err(e) => {
+            tracing::warn!(limit = soft, hard, error = %e, "cannot raise the open file limit");
+            Some(soft)
+        }
+    }
+}
+
+/// Errors of one connection that say nothing about the listener.
+fn is_connection_error(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    )
+}
+
+/// Accepts connections until `shutdown` resolves, then stops accepting,
+/// closes every connection gracefully, and returns once their calls have
+/// finished.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<Arc<Tls>>,
+    admission: Arc<Admission>,
+    limits: ConnectionLimits,
+    shutdown: impl Future<Output = ()>,
+) {
+    let (drain, draining) = watch::channel(false);
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let builder = connection::http2_builder(&limits);
+    let mut backoff = FIRST_ACCEPT_BACKOFF;
+    tokio::pin!(shutdown);
+    loop {
+        let slot = tokio::select! {
+            () = &mut shutdown => break,
+            slot = Arc::clone(&slots).acquire_owned() => slot.expect("the slots are never closed"),
+        };
+        let accepted = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => accepted,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(accepted) => {
+                backoff = FIRST_ACCEPT_BACKOFF;
+                accepted
+            }
+            Err(e) if is_connection_error(&e) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, pause = ?backoff, "cannot accept a connection");
+                tokio::select! {
+                    () = &mut shutdown => break,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(MAX_ACCEPT_BACKOFF);
+                continue;
+            }
+        };
+        configure(&tcp, &limits);
+        let tls = tls.clone();
+        let builder = builder.clone();
+        let admission = Arc::clone(&admission);
+        let draining = draining.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let handshake = limits.handshake_timeout;
+            match tls {
+                None => {
+                    let Some(io) = within(handshake, peer, read_preface(tcp)).await else {
+                        return;
+                    };
+                    connection::serve(io, peer, builder, admission, limits.idle(), draining).await;
+                }
+                Some(tls) => {
+                    let accepted = within(handshake, peer, async {
+                        let stream = tls.acceptor().accept(tcp).await?;
+                        read_preface(stream).await
+                    })
+                    .await;
+                    let Some(io) = accepted else { return };
+                    connection::serve(io, peer, builder, admission, limits.idle(), draining).await;
+                }
+            }
+        });
+    }
+    drop(listener);
+    let _ = drain.send(true);
+    drop(draining);
+    drain.closed().await;
+}
+
+/// Runs a handshake within `limit`; a failed or late one closes the
+/// connection.
+async fn within<T>(
+    limit: Duration,
+    peer: SocketAddr,
+    handshake: impl Future<Output = io::Result<T>>,
+) -> Option<T> {
+    match tokio::time::timeout(limit, handshake).await {
+        Ok(Ok(io)) => Some(io),
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "no handshake within the time limit");
+            None
+        }
+    }
+}
+
+fn configure(tcp: &TcpStream, limits: &ConnectionLimits) {
+    let _ = tcp.set_nodelay(true);
+    if let Some(idle) = limits.tcp_keepalive {
+        let keepalive = socket2::TcpKeepalive::new()
+            .with_time(idle)
+            .with_interval(idle.min(Duration::from_secs(10)))
+            .with_retries(3);
+        if let Err(e) = socket2::SockRef::from(tcp).set_tcp_keepalive(&keepalive) {
+            tracing::debug!(error = %e, "cannot set TCP keepalive");
+        }
+    }
+}
+
+/// Reads the HTTP/2 preface, so that a client that connects and sends
+/// nothing (or not HTTP/2) is closed at the handshake time limit; the
+/// preface is then replayed to the HTTP/2 server.
+async fn read_preface<IO: AsyncRead + Unpin>(mut io: IO) -> io::Result<Prefaced<IO>> {
+    let mut preface = [0u8; PREFACE.len()];
+    io.read_exact(&mut preface).await?;
+    if &preface != PREFACE {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not an HTTP/2 connection preface",
+        ));
+    }
+    Ok(Prefaced { io, replayed: 0 })
+}
+
+/// A connection whose preface has been read, and is read again.
+pub struct Prefaced<IO> {
+    io: IO,
+    replayed: usize,
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Prefaced<IO> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.replayed < PREFACE.len() {
+            let rest = &PREFACE[this.replayed..];
+            let n = rest.len().min(buf.remaining());
+            buf.put_slice(&rest[..n]);
+            this.replayed += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Prefaced<IO> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt as _;
+
+    #[tokio::test]
+    async fn the_preface_is_read_then_replayed_before_the_rest() {
+        let (mut client, server) = tokio::io::duplex(64);
+        client.write_all(PREFACE).await.unwrap();
+        client.write_all(b"rest").await.unwrap();
+        drop(client);
+        let mut io = read_preface(server).await.unwrap();
+        let mut all = Vec::new();
+        io.read_to_end(&mut all).await.unwrap();
+        assert_eq!(&all[..24], PREFACE);
+        assert_eq!(&all[24..], b"rest");
+    }
+
+    #[tokio::test]
+    async fn anything_but_http2_is_refused() {
+        let (mut client, server) = tokio::io::duplex(64);
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        assert!(read_preface(server).await.is_err());
+    }
+}

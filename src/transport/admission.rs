@@ -1,0 +1,258 @@
+//! What every call passes before a service sees it, decided on its headers
+//! alone: who the caller is (Coordinator calls, when tokens are required),
+//! whether the server has room for the request's bytes, the limits its body
+//! is held to while it arrives, and the caller's deadline.
+//!
+//! A refused call is answered at once, and its body is never read.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderMap, Request, Response};
+use tonic::body::Body;
+use tonic::service::Routes;
+use tower::ServiceExt as _;
+
+use super::body::{BodyLimits, ByteBudget, GuardedBody, Pace, Reservation};
+use super::connection::OpenCall;
+use crate::auth::Authenticator;
+use crate::error::Error;
+
+/// The largest message of the health and reflection services: their
+/// requests name a service or a symbol.
+pub const SMALL_MESSAGE_BYTES: usize = 64 * 1024;
+
+/// What the server holds for a call whose body has not arrived, besides its
+/// headers (counted twice: as received and as decoded): the stream's state
+/// in the HTTP/2 connection, the request and the call's future.
+pub const CALL_OVERHEAD_BYTES: usize = 8 * 1024;
+
+/// Which service a call is for, by its path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Service {
+    Coordinator,
+    Reflection,
+    /// Health, and paths no service answers.
+    Other,
+}
+
+fn service_of(path: &str) -> Service {
+    if path.starts_with("/idempotency.v1.Coordinator/") {
+        Service::Coordinator
+    } else if path.starts_with("/grpc.reflection.") {
+        Service::Reflection
+    } else {
+        Service::Other
+    }
+}
+
+/// How long the caller is prepared to wait, from its `grpc-timeout` header
+/// (`<digits><unit>` as the gRPC HTTP/2 protocol defines it).
+pub fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 {
+        return None;
+    }
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount.saturating_mul(3600)),
+        "M" => Duration::from_secs(amount.saturating_mul(60)),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
+/// The bytes a call's headers take, as HTTP/2 counts them against its
+/// header list limit (name, value and 32 bytes each).
+fn header_bytes(headers: &HeaderMap) -> usize {
+    headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 32)
+        .sum()
+}
+
+/// The limits of admission, shared by every connection.
+pub struct Admission {
+    routes: Routes,
+    auth: Arc<Authenticator>,
+    budget: Arc<ByteBudget>,
+    /// The largest Coordinator request.
+    max_request_bytes: usize,
+    /// The longest a request body may take to arrive.
+    body_timeout: Duration,
+}
+
+fn refuse(error: Error) -> Response<Body> {
+    tonic::Status::from(error).into_http()
+}
+
+impl Admission {
+    pub fn new(
+        routes: Routes,
+        auth: Arc<Authenticator>,
+        budget: Arc<ByteBudget>,
+        max_request_bytes: usize,
+        body_timeout: Duration,
+    ) -> Self {
+        Admission {
+            routes,
+            auth,
+            budget,
+            max_request_bytes,
+            body_timeout,
+        }
+    }
+
+    /// Admits or refuses one call; `call` marks its connection busy until
+    /// the answer has been sent.
+    pub fn call<B>(
+        &self,
+        mut request: Request<B>,
+        call: OpenCall,
+    ) -> impl Future<Output = Result<Response<Body>, Infallible>> + Send + use<B>
+    where
+        B: http_body::Body<Data = bytes::Bytes> + Unpin + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let service = service_of(request.uri().path());
+        let decided = self.admit(&mut request, service);
+        let routes = self.routes.clone();
+        async move {
+            let (reservation, limits, deadline) = match decided {
+                Ok(admitted) => admitted,
+                Err(e) => return Ok(refuse(e)),
+            };
+            // Calls of the health and reflection services, open to anyone,
+            // hold their share for as long as they last; Coordinator calls
+            // are bounded by the waiter limits once their request is in.
+            let (body_share, held) = match service {
+                Service::Coordinator => (reservation, None),
+                _ => (reservation.empty(), Some(reservation)),
+            };
+            let request = request.map(|body| GuardedBody::new(body, body_share, limits));
+            let answer = routes.oneshot(request);
+            let response = match deadline {
+                None => answer.await,
+                Some(deadline) => match tokio::time::timeout(deadline, answer).await {
+                    Ok(response) => response,
+                    Err(_) => return Ok(refuse(Error::DeadlineExceeded)),
+                },
+            };
+            Ok(response?.map(|body| {
+                Body::new(Tracked {
+                    body,
+                    _call: call,
+                    _held: held,
+                })
+            }))
+        }
+    }
+
+    /// Decides on the headers: the caller (inserted into the request's
+    /// extensions), the request's share of the budget, its body's limits and
+    /// its deadline.
+    fn admit<B>(
+        &self,
+        request: &mut Request<B>,
+        service: Service,
+    ) -> Result<(Reservation, BodyLimits, Option<Duration>), Error> {
+        if service == Service::Coordinator && self.auth.is_on() {
+            let caller = self.auth.caller_from_headers(request.headers())?;
+            request.extensions_mut().insert(caller);
+        }
+        let charge = 2 * header_bytes(request.headers()) + CALL_OVERHEAD_BYTES;
+        let reservation = self.budget.reserve(charge).ok_or(Error::Overloaded)?;
+        let limits = match service {
+            Service::Coordinator => BodyLimits {
+                max_message: self.max_request_bytes,
+                timeout: self.body_timeout,
+                pace: Pace::Whole,
+                max_message_flag: "--max-request-bytes",
+            },
+            Service::Reflection => BodyLimits {
+                max_message: SMALL_MESSAGE_BYTES,
+                timeout: self.body_timeout,
+                pace: Pace::EachMessage,
+                max_message_flag: "the health and reflection message limit",
+            },
+            Service::Other => BodyLimits {
+                max_message: SMALL_MESSAGE_BYTES,
+                timeout: self.body_timeout,
+                pace: Pace::Whole,
+                max_message_flag: "the health and reflection message limit",
+            },
+        };
+        Ok((reservation, limits, grpc_timeout(request.headers())))
+    }
+}
+
+/// An answer's body that keeps its connection marked busy, and its call's
+/// share of the budget, until it has been sent or dropped.
+struct Tracked {
+    body: Body,
+    _call: OpenCall,
+    _held: Option<Reservation>,
+}
+
+impl http_body::Body for Tracked {
+    type Data = bytes::Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, tonic::Status>>> {
+        std::pin::Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_read_every_unit_and_refuse_nonsense() {
+        let header = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert("grpc-timeout", v.parse().unwrap());
+            grpc_timeout(&h)
+        };
+        assert_eq!(header("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(header("1500m"), Some(Duration::from_millis(1500)));
+        assert_eq!(header("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(header("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(header("7u"), Some(Duration::from_micros(7)));
+        assert_eq!(header("9n"), Some(Duration::from_nanos(9)));
+        for bad in ["", "S", "5", "5x", "-5S", "123456789S"] {
+            assert_eq!(header(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn paths_name_their_service() {
+        assert_eq!(
+            service_of("/idempotency.v1.Coordinator/Acquire"),
+            Service::Coordinator
+        );
+        assert_eq!(
+            service_of("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"),
+            Service::Reflection
+        );
+        assert_eq!(service_of("/grpc.health.v1.Health/Check"), Service::Other);
+        assert_eq!(service_of("/idempotency.v1.Coordinatorx/A"), Service::Other);
+    }
+}

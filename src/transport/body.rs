@@ -1,0 +1,351 @@
+//! What a request may make the server hold while it arrives: its bytes count
+//! against one budget for the whole server, its gRPC messages against a size
+//! limit read from their 5-byte prefix (before the message itself arrives),
+//! and its body against a time limit.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use http_body::{Body, Frame, SizeHint};
+use tokio::time::{Instant, Sleep};
+
+use crate::error::Error;
+
+/// Request bytes the whole server holds while requests arrive, at most.
+pub struct ByteBudget {
+    used: AtomicUsize,
+    limit: usize,
+}
+
+impl ByteBudget {
+    pub fn new(limit: usize) -> Arc<Self> {
+        Arc::new(ByteBudget {
+            used: AtomicUsize::new(0),
+            limit,
+        })
+    }
+
+    /// Bytes held now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    fn take(&self, bytes: usize) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(bytes).filter(|total| *total <= self.limit)
+            })
+            .is_ok()
+    }
+
+    /// `bytes` of the budget, if they are free; given back when dropped.
+    pub fn reserve(self: &Arc<Self>, bytes: usize) -> Option<Reservation> {
+        self.take(bytes).then(|| Reservation {
+            budget: Arc::clone(self),
+            bytes,
+        })
+    }
+}
+
+/// A share of the [`ByteBudget`], given back when dropped.
+pub struct Reservation {
+    budget: Arc<ByteBudget>,
+    bytes: usize,
+}
+
+impl Reservation {
+    /// Takes `bytes` more, if they are free.
+    fn grow(&mut self, bytes: usize) -> bool {
+        let ok = self.budget.take(bytes);
+        if ok {
+            self.bytes += bytes;
+        }
+        ok
+    }
+
+    /// Gives back all but `keep` bytes.
+    fn shrink_to(&mut self, keep: usize) {
+        if self.bytes > keep {
+            self.budget
+                .used
+                .fetch_sub(self.bytes - keep, Ordering::AcqRel);
+            self.bytes = keep;
+        }
+    }
+
+    /// An empty share of the same budget.
+    pub fn empty(&self) -> Reservation {
+        Reservation {
+            budget: Arc::clone(&self.budget),
+            bytes: 0,
+        }
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.shrink_to(0);
+    }
+}
+
+/// How a request body's time limit runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pace {
+    /// The whole body (one message, then its end) arrives within the limit
+    /// of the request's arrival, and holds its bytes until it is dropped.
+    Whole,
+    /// Each message arrives within the limit of its first byte, and gives
+    /// its bytes back once complete: a stream that sends a message now and
+    /// then (reflection) may stay open between them.
+    EachMessage,
+}
+
+/// The limits one request body is held to.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimits {
+    /// The largest gRPC message, in bytes.
+    pub max_message: usize,
+    /// The longest a body (or a message, by [`Pace`]) may take to arrive.
+    pub timeout: Duration,
+    pub pace: Pace,
+    /// Names the flag that sets `max_message`, for the caller's error.
+    pub max_message_flag: &'static str,
+}
+
+/// Follows the gRPC framing (1 flag byte, 4 length bytes, the message) of
+/// a body's bytes.
+#[derive(Debug, Default)]
+struct Framing {
+    prefix: [u8; 5],
+    prefix_len: usize,
+    /// Bytes of the current message still to come, once its prefix is read.
+    remaining: usize,
+}
+
+impl Framing {
+    /// Reads `data`; returns how many messages it completed, or the declared
+    /// length of a message over `max`.
+    fn feed(&mut self, mut data: &[u8], max: usize) -> Result<usize, usize> {
+        let mut completed = 0;
+        while !data.is_empty() {
+            if self.prefix_len < 5 {
+                let n = (5 - self.prefix_len).min(data.len());
+                self.prefix[self.prefix_len..self.prefix_len + n].copy_from_slice(&data[..n]);
+                self.prefix_len += n;
+                data = &data[n..];
+                if self.prefix_len < 5 {
+                    break;
+                }
+                let len = u32::from_be_bytes([
+                    self.prefix[1],
+                    self.prefix[2],
+                    self.prefix[3],
+                    self.prefix[4],
+                ]) as usize;
+                if len > max {
+                    return Err(len);
+                }
+                self.remaining = len;
+            } else {
+                let n = self.remaining.min(data.len());
+                self.remaining -= n;
+                data = &data[n..];
+            }
+            if self.prefix_len == 5 && self.remaining == 0 {
+                completed += 1;
+                self.prefix_len = 0;
+            }
+        }
+        Ok(completed)
+    }
+
+    /// Whether part of a message has arrived and the rest has not.
+    fn in_message(&self) -> bool {
+        self.prefix_len > 0
+    }
+}
+
+/// A request body held to [`BodyLimits`] and the server's [`ByteBudget`].
+/// Its refusals are `tonic::Status` errors, which tonic answers the call with.
+pub struct GuardedBody<B> {
+    inner: B,
+    /// The bytes held for this request: `kept` for its headers, the rest
+    /// for its message bytes received so far.
+    reservation: Reservation,
+    kept: usize,
+    framing: Framing,
+    limits: BodyLimits,
+    /// When the part now arriving must be complete; `None` while nothing is
+    /// expected (between messages of an [`Pace::EachMessage`] stream, or
+    /// after the end).
+    deadline: Option<Instant>,
+    timer: Option<Pin<Box<Sleep>>>,
+    done: bool,
+}
+
+impl<B> GuardedBody<B> {
+    pub fn new(inner: B, reservation: Reservation, limits: BodyLimits) -> Self {
+        let deadline = match limits.pace {
+            Pace::Whole => Some(Instant::now() + limits.timeout),
+            Pace::EachMessage => None,
+        };
+        GuardedBody {
+            inner,
+            kept: reservation.bytes,
+            reservation,
+            framing: Framing::default(),
+            limits,
+            deadline,
+            timer: None,
+            done: false,
+        }
+    }
+
+    fn fail(&mut self, error: Error) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.done = true;
+        self.deadline = None;
+        self.timer = None;
+        self.reservation.shrink_to(0);
+        Poll::Ready(Some(Err(Box::new(tonic::Status::from(error)))))
+    }
+
+    /// Counts a data frame's bytes; an error refuses the request.
+    fn admit(&mut self, data: &Bytes) -> Result<(), Error> {
+        if self.deadline.is_none() && !data.is_empty() {
+            self.deadline = Some(Instant::now() + self.limits.timeout);
+        }
+        if !self.reservation.grow(data.len()) {
+            return Err(Error::Overloaded);
+        }
+        let completed = self
+            .framing
+            .feed(data.chunk(), self.limits.max_message)
+            .map_err(|declared| Error::RequestTooLarge {
+                declared,
+                limit: self.limits.max_message,
+                flag: self.limits.max_message_flag,
+            })?;
+        if completed > 0 && self.limits.pace == Pace::EachMessage {
+            // Whole messages go on to their decoder at once: their bytes are
+            // no longer waiting on the network.
+            // A message begun in the same frame has its own time limit.
+            self.reservation.shrink_to(self.kept);
+            self.deadline = self
+                .framing
+                .in_message()
+                .then(|| Instant::now() + self.limits.timeout);
+        }
+        Ok(())
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl<B> Body for GuardedBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref()
+                    && let Err(e) = this.admit(data)
+                {
+                    return this.fail(e);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(None) => {
+                this.done = true;
+                this.deadline = None;
+                this.timer = None;
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                let Some(deadline) = this.deadline else {
+                    return Poll::Pending;
+                };
+                let timer = this
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                if timer.deadline() != deadline {
+                    timer.as_mut().reset(deadline);
+                }
+                ready!(timer.as_mut().poll(cx));
+                let timeout = this.limits.timeout;
+                this.fail(Error::RequestTooSlow(timeout))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(len: usize) -> Vec<u8> {
+        let mut m = vec![0u8];
+        m.extend_from_slice(&(len as u32).to_be_bytes());
+        m.extend(std::iter::repeat_n(7u8, len));
+        m
+    }
+
+    #[test]
+    fn framing_counts_messages_across_any_split() {
+        let mut bytes = message(3);
+        bytes.extend(message(0));
+        bytes.extend(message(10));
+        for split in 0..bytes.len() {
+            let mut f = Framing::default();
+            let a = f.feed(&bytes[..split], 100).unwrap();
+            let b = f.feed(&bytes[split..], 100).unwrap();
+            assert_eq!(a + b, 3, "split at {split}");
+            assert!(!f.in_message());
+        }
+    }
+
+    #[test]
+    fn framing_refuses_a_declared_length_over_the_limit_before_the_message() {
+        let mut f = Framing::default();
+        assert_eq!(f.feed(&message(101)[..5], 100), Err(101));
+    }
+
+    #[test]
+    fn the_budget_refuses_past_its_limit_and_takes_back_what_is_dropped() {
+        let budget = ByteBudget::new(100);
+        let a = budget.reserve(60).unwrap();
+        assert!(budget.reserve(41).is_none());
+        let mut b = budget.reserve(40).unwrap();
+        assert!(!b.grow(1));
+        drop(a);
+        assert!(b.grow(60));
+        b.shrink_to(10);
+        assert_eq!(budget.used(), 10);
+        drop(b);
+        assert_eq!(budget.used(), 0);
+    }
+}

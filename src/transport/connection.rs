@@ -1,0 +1,162 @@
+//! One client connection, served over HTTP/2: its calls go through
+//! [`Admission`]; it is closed gracefully (GOAWAY, calls in flight finish)
+//! when it has had no call for the idle timeout or when the server drains,
+//! and dropped when its peer stops answering keepalive pings.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::server::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::Instrument as _;
+
+use super::ConnectionLimits;
+use super::admission::Admission;
+use crate::error::cause_chain;
+
+/// Calls open on one connection, and when the last one ended.
+pub struct Activity {
+    open: AtomicUsize,
+    born: Instant,
+    /// Milliseconds from `born` to the end of the last call.
+    last_end_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Arc<Self> {
+        Arc::new(Activity {
+            open: AtomicUsize::new(0),
+            born: Instant::now(),
+            last_end_ms: AtomicU64::new(0),
+        })
+    }
+
+    fn start(self: &Arc<Self>) -> OpenCall {
+        self.open.fetch_add(1, Ordering::AcqRel);
+        OpenCall(Arc::clone(self))
+    }
+
+    /// How long the connection has had no call open; `None` while one is.
+    fn idle_for(&self) -> Option<Duration> {
+        if self.open.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let since = Duration::from_millis(self.last_end_ms.load(Ordering::Acquire));
+        Some(self.born.elapsed().saturating_sub(since))
+    }
+}
+
+/// A call in progress on a connection; dropped when its answer is sent.
+pub struct OpenCall(Arc<Activity>);
+
+impl Drop for OpenCall {
+    fn drop(&mut self) {
+        let ms = u64::try_from(self.0.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.0.last_end_ms.fetch_max(ms, Ordering::AcqRel);
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Resolves once the connection has had no open call for `timeout`.
+async fn idle(activity: &Activity, timeout: Duration) {
+    // Checked a few times per timeout: a connection closes within a quarter
+    // of the timeout after it ran out.
+    let tick = (timeout / 4).max(Duration::from_millis(10));
+    loop {
+        match activity.idle_for() {
+            Some(idle) if idle >= timeout => return,
+            Some(idle) => tokio::time::sleep((timeout - idle).min(tick).max(tick / 4)).await,
+            None => tokio::time::sleep(tick).await,
+        }
+    }
+}
+
+/// The HTTP/2 settings every connection is served with.
+pub fn http2_builder(limits: &ConnectionLimits) -> http2::Builder<TokioExecutor> {
+    let mut builder = http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .max_header_list_size(limits.max_header_list_bytes)
+        .initial_stream_window_size(limits.window_bytes)
+        .initial_connection_window_size(limits.window_bytes)
+        .keep_alive_interval(limits.keepalive_interval)
+        .keep_alive_timeout(limits.keepalive_timeout);
+    builder
+}
+
+/// Serves `io` until the peer goes, the connection idles out, or `drain`
+/// turns true and its calls have finished.
+pub async fn serve<IO>(
+    io: IO,
+    peer: SocketAddr,
+    builder: http2::Builder<TokioExecutor>,
+    admission: Arc<Admission>,
+    idle_timeout: Option<Duration>,
+    mut drain: watch::Receiver<bool>,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let activity = Activity::new();
+    let service = {
+        let activity = Arc::clone(&activity);
+        hyper::service::service_fn(move |request: http::Request<Incoming>| {
+            admission.call(request, activity.start())
+        })
+    };
+    let span = tracing::info_span!("connection", %peer);
+    async move {
+        let connection = builder.serve_connection(TokioIo::new(io), service);
+        tokio::pin!(connection);
+        let mut closing = false;
+        loop {
+            tokio::select! {
+                served = &mut connection => {
+                    if let Err(e) = served {
+                        tracing::debug!(error = %cause_chain(&e), "connection closed with an error");
+                    }
+                    return;
+                }
+                () = async {
+                    match idle_timeout {
+                        Some(timeout) => idle(&activity, timeout).await,
+                        None => std::future::pending().await,
+                    }
+                }, if !closing => {
+                    tracing::debug!("closing an idle connection");
+                    connection.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+                _ = drain.wait_for(|draining| *draining), if !closing => {
+                    connection.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+            }
+        }
+    }
+    .instrument(span)
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_is_idle_only_without_open_calls() {
+        let activity = Activity::new();
+        let call = activity.start();
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(activity.idle_for(), None);
+        drop(call);
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let idle = activity.idle_for().unwrap();
+        assert!(idle >= Duration::from_secs(3) && idle < Duration::from_secs(4));
+    }
+}
