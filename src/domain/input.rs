@@ -57,19 +57,20 @@ impl TryFrom<String> for Scope {
         if value.is_empty() {
             return refuse("must not be empty");
         }
-        if value.len() > Self::MAX_CHARS {
-            return refuse(format!(
-                "must be at most {} characters, got {}",
-                Self::MAX_CHARS,
-                value.chars().count()
-            ));
-        }
+        // The characters first: past this check a character is a byte.
         if let Some(bad) = value
             .chars()
             .find(|c| !(c.is_ascii_alphanumeric() || "._:/-".contains(*c)))
         {
             return refuse(format!(
                 "may only contain A-Z, a-z, 0-9 and . _ : / -, found {bad:?}"
+            ));
+        }
+        if value.len() > Self::MAX_CHARS {
+            return refuse(format!(
+                "must be at most {} characters, got {}",
+                Self::MAX_CHARS,
+                value.len()
             ));
         }
         Ok(Scope(value))
@@ -122,6 +123,9 @@ pub struct Fingerprint(String);
 
 impl Fingerprint {
     pub const MAX_CHARS: usize = 128;
+    /// The most values (objects, arrays and scalars) a `json_payload` may
+    /// hold: canonicalising costs time and memory by the value.
+    pub const MAX_JSON_VALUES: usize = 100_000;
 
     /// A fingerprint the client computed: at most 128 visible ASCII
     /// characters.
@@ -140,6 +144,12 @@ impl Fingerprint {
     /// written (the JSON parser runs with arbitrary precision), so two
     /// different large numbers can never canonicalise to the same text.
     pub fn of_json(text: &str) -> Result<Self, InvalidInput> {
+        if json_values_at_least(text, Self::MAX_JSON_VALUES + 1) {
+            return refuse(format!(
+                "holds more than {} JSON values; send a fingerprint or the raw payload instead",
+                Self::MAX_JSON_VALUES
+            ));
+        }
         let value: serde_json::Value = serde_json::from_str(text)
             .map_err(|e| InvalidInput(format!("is not valid JSON: {e}")))?;
         // serde_json's map is ordered by key unless its `preserve_order`
@@ -157,6 +167,38 @@ impl Fingerprint {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// Whether `text` holds at least `n` JSON values, counted without parsing
+/// it as one more than its `[`, `{` and `,` outside strings: every value but
+/// the first follows one of them (an empty array or object counts one
+/// value too many).
+fn json_values_at_least(text: &str, n: usize) -> bool {
+    let mut count = 1usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for b in text.bytes() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' | b',' => {
+                count += 1;
+                if count >= n {
+                    return true;
+                }
+            }
+            _ => {}
+        }
+    }
+    count >= n
 }
 
 /// The caller's id for one logical attempt; empty means none.
@@ -264,6 +306,34 @@ mod tests {
         assert!(Key::try_from("a\nb".to_owned()).is_err());
         assert!(Key::try_from("ключ".to_owned()).is_err());
         assert!(Key::try_from("~!{}".to_owned()).is_ok());
+    }
+
+    #[test]
+    fn a_scope_of_non_ascii_letters_is_refused_for_its_characters_not_its_bytes() {
+        let err = Scope::try_from("é".repeat(100)).unwrap_err();
+        assert!(err.0.contains("found 'é'"), "{}", err.0);
+        let err = Scope::try_from("a".repeat(129)).unwrap_err();
+        assert!(err.0.contains("got 129"), "{}", err.0);
+    }
+
+    #[test]
+    fn json_values_are_counted_outside_strings_only() {
+        assert!(json_values_at_least(r#"{"a":[1,2]}"#, 4));
+        assert!(!json_values_at_least(r#"{"a":[1,2]}"#, 5));
+        assert!(json_values_at_least(r#"["[,{", "\",", 1]"#, 4));
+        assert!(!json_values_at_least(r#"["[,{", "\",", 1]"#, 5));
+    }
+
+    #[test]
+    fn a_json_payload_of_too_many_values_is_refused_naming_the_limit() {
+        let many = format!("[{}]", vec!["[]"; Fingerprint::MAX_JSON_VALUES].join(","));
+        let err = Fingerprint::of_json(&many).unwrap_err();
+        assert!(err.0.contains("100000"), "{}", err.0);
+        let fits = format!(
+            "[{}]",
+            vec!["0"; Fingerprint::MAX_JSON_VALUES - 1].join(",")
+        );
+        assert!(Fingerprint::of_json(&fits).is_ok());
     }
 
     #[test]

@@ -92,10 +92,39 @@ fn record_id(v: &mut Violations, tenant: Tenant, scope: String, key: String) -> 
     })
 }
 
+/// `json_payload`s longer than this are canonicalised on the blocking
+/// pool ([`json_fingerprint`]) rather than on an async worker.
+pub const INLINE_JSON_BYTES: usize = 16 * 1024;
+
+/// Large JSON canonicalisations running at once, at most; more wait their
+/// turn without holding a thread.
+static JSON_WORK: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
+/// The fingerprint of a large `json_payload`, computed on the blocking pool
+/// behind [`JSON_WORK`], so that one caller's large JSON never stalls the
+/// workers that answer everyone else.
+pub async fn json_fingerprint(text: String) -> Result<Fingerprint, InvalidInput> {
+    let _turn = JSON_WORK.acquire().await.expect("never closed");
+    tokio::task::spawn_blocking(move || Fingerprint::of_json(&text))
+        .await
+        .unwrap_or_else(|_| Err(InvalidInput("cannot be canonicalised".to_owned())))
+}
+
 pub fn acquire(
     tenant: Tenant,
     req: proto::AcquireRequest,
     policy: &Policy,
+) -> Result<AcquireCommand, Error> {
+    acquire_with(tenant, req, policy, None)
+}
+
+/// [`acquire`], with the `json_payload`'s fingerprint already computed
+/// (when `json` is given, the request's own `json_payload` is not read).
+pub fn acquire_with(
+    tenant: Tenant,
+    req: proto::AcquireRequest,
+    policy: &Policy,
+    json: Option<Result<Fingerprint, InvalidInput>>,
 ) -> Result<AcquireCommand, Error> {
     let mut v = Violations::default();
     let id = record_id(&mut v, tenant, req.scope, req.key);
@@ -105,9 +134,10 @@ pub fn acquire(
             v.check("fingerprint", Fingerprint::from_client(f))
         }
         Some(RequestFingerprint::Payload(bytes)) => Some(Fingerprint::of_payload(&bytes)),
-        Some(RequestFingerprint::JsonPayload(text)) => {
-            v.check("json_payload", Fingerprint::of_json(&text))
-        }
+        Some(RequestFingerprint::JsonPayload(text)) => v.check(
+            "json_payload",
+            json.unwrap_or_else(|| Fingerprint::of_json(&text)),
+        ),
     };
     let lease_ttl = v.check(
         "lease_ttl",

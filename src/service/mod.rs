@@ -21,10 +21,11 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 use crate::auth::{Authenticator, Caller};
-use crate::domain::Policy;
+use crate::domain::{AcquireCommand, Policy};
 use crate::error::Error;
 use crate::notify::Hub;
 use crate::proto;
+use crate::proto::acquire_request::RequestFingerprint;
 use crate::proto::coordinator_server::Coordinator;
 use crate::store::Store;
 use crate::sweeper::Sweeper;
@@ -81,6 +82,37 @@ fn call_budget(metadata: &MetadataMap) -> Option<Duration> {
 }
 
 impl CoordinatorService {
+    /// Runs a decoded Acquire: at once, or within its wait window. A plain
+    /// `fn` returning an `async` block, not an `async fn`, whose future would
+    /// hold the command twice (as argument and as local).
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn's future would hold the command twice"
+    )]
+    fn run_acquire(
+        &self,
+        cmd: AcquireCommand,
+        budget: Option<Duration>,
+    ) -> impl Future<Output = Result<Response<proto::AcquireResponse>, Status>> + Send + '_ {
+        async move {
+            let window = Some(wait::window(cmd.wait, budget)).filter(|w| !w.is_zero());
+            let acquired = match window {
+                None => {
+                    self.store
+                        .acquire(&cmd, Duration::ZERO, self.connect_wait(budget))
+                        .await
+                }
+                Some(window) => {
+                    let subscription = self.hub.subscribe(&cmd.id).map_err(Error::from)?;
+                    wait::acquire(&self.store, subscription, &cmd, window).await
+                }
+            }
+            .map_err(Error::from)?;
+            tracing::debug!(scope = cmd.id.scope.as_str(), decision = ?acquired.decision, "acquire");
+            Ok(Response::new(encode::acquired(acquired)))
+        }
+    }
+
     /// How long a call waits for a database connection: the configured wait,
     /// cut by the call's deadline so that a caller with a short deadline hears
     /// UNAVAILABLE in time rather than DEADLINE_EXCEEDED.
@@ -111,32 +143,27 @@ impl Coordinator for CoordinatorService {
         Self: 'async_trait,
     {
         let budget = call_budget(request.metadata());
-        let decoded = self
-            .caller(&request)
-            .and_then(|caller| decode::acquire(caller.tenant, request.into_inner(), &self.policy));
-        // A refused request is answered without a future of its own; the
-        // future below holds the command alone, not also its `Result`.
-        let cmd = match decoded {
-            Ok(cmd) => cmd,
+        let caller = match self.caller(&request) {
+            Ok(caller) => caller,
             Err(e) => return Box::pin(std::future::ready(Err(e.into()))),
         };
-        Box::pin(async move {
-            let window = Some(wait::window(cmd.wait, budget)).filter(|w| !w.is_zero());
-            let acquired = match window {
-                None => {
-                    self.store
-                        .acquire(&cmd, Duration::ZERO, self.connect_wait(budget))
-                        .await
-                }
-                Some(window) => {
-                    let subscription = self.hub.subscribe(&cmd.id).map_err(Error::from)?;
-                    wait::acquire(&self.store, subscription, &cmd, window).await
-                }
-            }
-            .map_err(Error::from)?;
-            tracing::debug!(scope = cmd.id.scope.as_str(), decision = ?acquired.decision, "acquire");
-            Ok(Response::new(encode::acquired(acquired)))
-        })
+        let mut message = request.into_inner();
+        if let Some(RequestFingerprint::JsonPayload(text)) = &mut message.request_fingerprint
+            && text.len() > decode::INLINE_JSON_BYTES
+        {
+            let text = std::mem::take(text);
+            return Box::pin(async move {
+                let json = decode::json_fingerprint(text).await;
+                let cmd = decode::acquire_with(caller.tenant, message, &self.policy, Some(json))?;
+                self.run_acquire(cmd, budget).await
+            });
+        }
+        // A refused request is answered without a future of its own; the
+        // future below holds the command alone, not also its `Result`.
+        match decode::acquire(caller.tenant, message, &self.policy) {
+            Ok(cmd) => Box::pin(self.run_acquire(cmd, budget)),
+            Err(e) => Box::pin(std::future::ready(Err(e.into()))),
+        }
     }
 
     async fn complete(

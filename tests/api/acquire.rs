@@ -258,3 +258,46 @@ async fn json_payloads_that_differ_only_in_layout_are_the_same_request() {
         "the raw bytes of canonical JSON hash the same as the JSON"
     );
 }
+
+#[tokio::test]
+async fn large_json_payloads_fingerprint_as_small_ones_do_and_too_many_values_are_refused() {
+    use idempotency_coordinator::proto::acquire_request::RequestFingerprint;
+    let app = spawn_app().await;
+    let mut c = app.client.clone();
+    // Over 16 KiB: canonicalised off the async workers.
+    let items: Vec<String> = (0..3000)
+        .map(|i| format!(r#"{{"n":{i},"k":"v"}}"#))
+        .collect();
+    let compact = format!(r#"{{"items":[{}],"z":true}}"#, items.join(","));
+    let reordered: Vec<String> = (0..3000)
+        .map(|i| format!("{{ \"k\": \"v\", \"n\": {i} }}"))
+        .collect();
+    let spaced = format!(
+        "{{ \"z\": true,\n \"items\": [ {} ] }}",
+        reordered.join(",\n")
+    );
+    assert!(compact.len() > 16 * 1024);
+    let with_json = |text: &str| {
+        let mut req = acquire("s", "large");
+        req.request_fingerprint = Some(RequestFingerprint::JsonPayload(text.to_owned()));
+        req
+    };
+    let granted = proceed(&mut c, with_json(&compact)).await;
+    c.complete(complete("s", "large", &token(&granted), success(b"ok")))
+        .await
+        .unwrap();
+    let resp = c.acquire(with_json(&spaced)).await.unwrap().into_inner();
+    assert_eq!(decision(&resp), Decision::AlreadyDone);
+    let resp = c
+        .acquire(with_json(&compact.replace("\"z\":true", "\"z\":false")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(decision(&resp), Decision::Conflict);
+
+    let too_many = format!("[{}]", vec!["[]"; 100_000].join(","));
+    let err = c.acquire(with_json(&too_many)).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert_eq!(bad_fields(&err), ["json_payload"]);
+    assert!(err.message().contains("100000"), "{}", err.message());
+}
