@@ -270,6 +270,57 @@ mod tests {
         }
     }
 
+    struct TempFile(PathBuf);
+
+    impl TempFile {
+        fn new(text: &str) -> Self {
+            let path = std::env::temp_dir().join(format!("idem-creds-{}", uuid::Uuid::new_v4()));
+            std::fs::write(&path, text).unwrap();
+            TempFile(path)
+        }
+    }
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    #[test]
+    fn a_file_without_credentials_is_refused_unless_allowed() {
+        let file = TempFile::new("# nobody yet\n");
+        assert!(matches!(
+            Authenticator::new(Some(file.0.clone()), false),
+            Err(CredentialsError::Empty(_))
+        ));
+        let auth = Authenticator::new(Some(file.0.clone()), true).unwrap();
+        assert!(auth.is_on());
+    }
+
+    #[test]
+    fn a_reload_of_an_empty_or_cut_short_file_keeps_the_credentials() {
+        let file = TempFile::new("plain-token-0123456789 team-a\n");
+        let auth = Authenticator::new(Some(file.0.clone()), false).unwrap();
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            http::header::AUTHORIZATION,
+            "Bearer plain-token-0123456789".parse().unwrap(),
+        );
+        for (text, refused) in [
+            ("", "holds no credential"),
+            (
+                "plain-token-0123456789 team-a\nother-token-0123456789 te",
+                "newline",
+            ),
+        ] {
+            std::fs::write(&file.0, text).unwrap();
+            let err = auth.reload().unwrap_err();
+            assert!(err.to_string().contains(refused), "{err}");
+            let caller = auth.caller_from_headers(&headers).unwrap();
+            assert_eq!(caller.tenant.as_str(), "team-a");
+        }
+    }
+
     #[test]
     fn errors_never_show_the_token() {
         let Err(err) = Credentials::parse("secret-token-value-1 bad*tenant") else {
