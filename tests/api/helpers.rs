@@ -229,6 +229,18 @@ pub async fn spawn_app_with(configure: impl FnOnce(&mut ServeConfig)) -> TestApp
 pub struct ServerProcess {
     pub addr: SocketAddr,
     child: tokio::process::Child,
+    /// Every line the server has logged so far.
+    logs: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+/// How a server process is started, beyond its flags.
+#[derive(Default)]
+pub struct Launch<'a> {
+    /// Environment variables set for the server (`RUST_LOG` is otherwise
+    /// removed).
+    pub env: &'a [(&'a str, &'a str)],
+    /// The server's open file limit (soft and hard), when set.
+    pub open_files: Option<u64>,
 }
 
 impl ServerProcess {
@@ -237,20 +249,38 @@ impl ServerProcess {
     }
 
     pub async fn start_with(database_url: &str, extra: &[&str]) -> Self {
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"))
+        Self::launch(database_url, extra, Launch::default()).await
+    }
+
+    pub async fn launch(database_url: &str, extra: &[&str], launch: Launch<'_>) -> Self {
+        let mut command =
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"));
+        command
             .args(["--log-format", "json", "serve", "--listen", "127.0.0.1:0"])
             .args(["--database-url", database_url])
             .args(extra)
             .env_remove("RUST_LOG")
+            .envs(launch.env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start the server binary");
+            .kill_on_drop(true);
+        if let Some(files) = launch.open_files {
+            // SAFETY: setrlimit is async-signal-safe and touches no memory
+            // of the parent.
+            unsafe {
+                command.pre_exec(move || {
+                    rlimit::Resource::NOFILE.set(files, files)?;
+                    Ok(())
+                });
+            }
+        }
+        let mut child = command.spawn().expect("start the server binary");
+        let logs = Arc::new(std::sync::Mutex::new(Vec::new()));
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
         let addr = tokio::time::timeout(Duration::from_secs(30), async {
             while let Some(line) = lines.next_line().await.expect("server log") {
+                logs.lock().unwrap().push(line.clone());
                 let Ok(entry) = serde_json::from_str::<serde_json::Value>(&line) else {
                     continue;
                 };
@@ -264,8 +294,18 @@ impl ServerProcess {
         .await
         .expect("the server did not start listening within 30 s");
         // Keep reading so the server never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        ServerProcess { addr, child }
+        let kept = Arc::clone(&logs);
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                kept.lock().unwrap().push(line);
+            }
+        });
+        ServerProcess { addr, child, logs }
+    }
+
+    /// The lines logged so far.
+    pub fn logs(&self) -> Vec<String> {
+        self.logs.lock().unwrap().clone()
     }
 
     pub async fn client(&self) -> CoordinatorClient<Channel> {

@@ -7,6 +7,7 @@ mod batches;
 mod complete;
 mod concurrency;
 mod due;
+mod edge;
 mod extend_lease;
 mod get;
 mod grpcurl;
