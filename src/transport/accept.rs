@@ -100,31 +100,33 @@ pub async fn serve(
             }
         };
         configure(&tcp, &limits);
-        let tls = tls.clone();
         let builder = builder.clone();
         let admission = Arc::clone(&admission);
         let draining = draining.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
-            let handshake = limits.handshake_timeout;
-            match tls {
-                None => {
-                    let Some(io) = within(handshake, peer, read_preface(tcp)).await else {
-                        return;
-                    };
-                    connection::serve(io, peer, builder, admission, limits.idle(), draining).await;
+        let handshake = limits.handshake_timeout;
+        let idle = limits.idle_timeout;
+        // One task type per kind of connection: a plaintext connection's task
+        // does not carry the room a TLS session takes.
+        match &tls {
+            None => tokio::spawn(async move {
+                let _slot = slot;
+                if let Some(io) = within(handshake, peer, read_preface(tcp)).await {
+                    connection::serve(io, peer, builder, admission, idle, draining).await;
                 }
-                Some(tls) => {
+            }),
+            Some(tls) => {
+                let acceptor = tls.acceptor();
+                tokio::spawn(async move {
+                    let _slot = slot;
                     let accepted = within(handshake, peer, async {
-                        let stream = tls.acceptor().accept(tcp).await?;
-                        read_preface(stream).await
-                    })
-                    .await;
-                    let Some(io) = accepted else { return };
-                    connection::serve(io, peer, builder, admission, limits.idle(), draining).await;
-                }
+                        read_preface(acceptor.accept(tcp).await?).await
+                    });
+                    if let Some(io) = accepted.await {
+                        connection::serve(io, peer, builder, admission, idle, draining).await;
+                    }
+                })
             }
-        });
+        };
     }
     drop(listener);
     let _ = drain.send(true);
