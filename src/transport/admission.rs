@@ -10,10 +10,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::Either;
 use http::{HeaderMap, Request, Response};
 use tonic::body::Body;
 use tonic::service::Routes;
-use tower::ServiceExt as _;
+use tower_service::Service as _;
 
 use super::body::{BodyLimits, ByteBudget, GuardedBody, Pace, Reservation};
 use super::connection::OpenCall;
@@ -23,6 +24,11 @@ use crate::error::Error;
 /// The largest message of the health and reflection services: their
 /// requests name a service or a symbol.
 pub const SMALL_MESSAGE_BYTES: usize = 64 * 1024;
+
+/// Arriving request bytes of the health and reflection services, which
+/// anyone may call: a budget of their own, so that callers without
+/// credentials cannot take the room of Coordinator calls.
+pub const OPEN_SERVICES_BUDGET_BYTES: usize = 8 * 1024 * 1024;
 
 /// What the server holds for a call whose body has not arrived, besides its
 /// headers (counted twice: as received and as decoded): the stream's state
@@ -81,7 +87,10 @@ fn header_bytes(headers: &HeaderMap) -> usize {
 pub struct Admission {
     routes: Routes,
     auth: Arc<Authenticator>,
+    /// For Coordinator calls.
     budget: Arc<ByteBudget>,
+    /// For everything else (health, reflection, unknown paths).
+    open_budget: Arc<ByteBudget>,
     /// The largest Coordinator request.
     max_request_bytes: usize,
     /// The longest a request body may take to arrive.
@@ -104,13 +113,16 @@ impl Admission {
             routes,
             auth,
             budget,
+            open_budget: ByteBudget::new(OPEN_SERVICES_BUDGET_BYTES),
             max_request_bytes,
             body_timeout,
         }
     }
 
     /// Admits or refuses one call; `call` marks its connection busy until
-    /// the answer has been sent.
+    /// the answer has been sent. The service's future is built here, so the
+    /// one returned holds it, and not the request besides (a call that waits
+    /// keeps this future for its whole window).
     pub fn call<B>(
         &self,
         mut request: Request<B>,
@@ -121,28 +133,29 @@ impl Admission {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let service = service_of(request.uri().path());
-        let decided = self.admit(&mut request, service);
-        let routes = self.routes.clone();
-        async move {
-            let (reservation, limits, deadline) = match decided {
-                Ok(admitted) => admitted,
-                Err(e) => return Ok(refuse(e)),
-            };
-            // Calls of the health and reflection services, open to anyone,
-            // hold their share for as long as they last; Coordinator calls
-            // are bounded by the waiter limits once their request is in.
-            let (body_share, held) = match service {
-                Service::Coordinator => (reservation, None),
-                _ => (reservation.empty(), Some(reservation)),
-            };
-            let request = request.map(|body| GuardedBody::new(body, body_share, limits));
-            let answer = routes.oneshot(request);
+        let (reservation, limits, deadline) = match self.admit(&mut request, service) {
+            Ok(admitted) => admitted,
+            Err(e) => return Either::Left(std::future::ready(Ok(refuse(e)))),
+        };
+        // Calls of the health and reflection services, open to anyone, hold
+        // their share for as long as they last; Coordinator calls are bounded
+        // by the waiter limits once their request is in.
+        let (body_share, held) = match service {
+            Service::Coordinator => (reservation, None),
+            _ => (reservation.empty(), Some(reservation)),
+        };
+        let request = request.map(|body| GuardedBody::new(body, body_share, limits));
+        let answer = self.routes.clone().call(request);
+        Either::Right(async move {
             let response = match deadline {
                 None => answer.await,
-                Some(deadline) => match tokio::time::timeout(deadline, answer).await {
-                    Ok(response) => response,
-                    Err(_) => return Ok(refuse(Error::DeadlineExceeded)),
-                },
+                Some(deadline) => {
+                    let expired = Box::pin(tokio::time::sleep(deadline));
+                    match futures_util::future::select(answer, expired).await {
+                        Either::Left((response, _)) => response,
+                        Either::Right(_) => return Ok(refuse(Error::DeadlineExceeded)),
+                    }
+                }
             };
             Ok(response?.map(|body| {
                 Body::new(Tracked {
@@ -151,7 +164,7 @@ impl Admission {
                     _held: held,
                 })
             }))
-        }
+        })
     }
 
     /// Decides on the headers: the caller (inserted into the request's
@@ -167,7 +180,11 @@ impl Admission {
             request.extensions_mut().insert(caller);
         }
         let charge = 2 * header_bytes(request.headers()) + CALL_OVERHEAD_BYTES;
-        let reservation = self.budget.reserve(charge).ok_or(Error::Overloaded)?;
+        let budget = match service {
+            Service::Coordinator => &self.budget,
+            _ => &self.open_budget,
+        };
+        let reservation = budget.reserve(charge).ok_or(Error::Overloaded)?;
         let limits = match service {
             Service::Coordinator => BodyLimits {
                 max_message: self.max_request_bytes,
