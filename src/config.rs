@@ -48,7 +48,7 @@ pub const DEFAULT_MAX_INFLIGHT_REQUEST_MIB: usize = 64;
 /// How long a request's body may take to arrive.
 pub const DEFAULT_REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Client connections served at once.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// How long a new connection may take to send its TLS handshake and HTTP/2
 /// preface.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -254,9 +254,10 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEMPOTENCY_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
     pub max_request_bytes: usize,
 
-    /// Request bytes, in MiB, the server holds at once while requests arrive
-    /// (with a fixed share per call for its headers and state); past it calls
-    /// get RESOURCE_EXHAUSTED at once.
+    /// Request bytes, in MiB, the server holds at once while Coordinator
+    /// requests arrive (with a share per call for its headers and state);
+    /// past it calls get RESOURCE_EXHAUSTED at once. Health and reflection
+    /// calls have 8 MiB of their own.
     #[arg(long, env = "IDEMPOTENCY_MAX_INFLIGHT_REQUEST_MIB", default_value_t = DEFAULT_MAX_INFLIGHT_REQUEST_MIB,
           value_parser = TypedValueParser::map(clap::value_parser!(u32).range(1..=65536), |v| v as usize))]
     pub max_inflight_request_mib: usize,

@@ -15,7 +15,9 @@ mod connection;
 use std::time::Duration;
 
 pub use accept::{raise_open_file_limit, serve};
-pub use admission::{Admission, CALL_OVERHEAD_BYTES, SMALL_MESSAGE_BYTES, grpc_timeout};
+pub use admission::{
+    Admission, CALL_OVERHEAD_BYTES, OPEN_SERVICES_BUDGET_BYTES, SMALL_MESSAGE_BYTES, grpc_timeout,
+};
 pub use body::ByteBudget;
 
 /// The HTTP/2 header list a call may send, in bytes (as HTTP/2 counts it).
@@ -44,10 +46,4 @@ pub struct ConnectionLimits {
     pub tcp_keepalive: Option<Duration>,
     pub max_header_list_bytes: u32,
     pub window_bytes: u32,
-}
-
-impl ConnectionLimits {
-    fn idle(&self) -> Option<Duration> {
-        self.idle_timeout
-    }
 }

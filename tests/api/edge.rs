@@ -102,15 +102,6 @@ fn percent_decoded(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn resident_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
-}
-
 /// CPU time the process has used, user and system.
 fn cpu_time(pid: u32) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
@@ -520,4 +511,61 @@ async fn a_deadline_that_passes_in_the_server_is_deadline_exceeded() {
     assert_eq!(code, 4, "DEADLINE_EXCEEDED, not CANCELLED: {message}");
     assert!(message.contains("deadline"), "{message}");
     open.rollback().await.unwrap();
+}
+
+#[tokio::test]
+async fn streams_anyone_may_open_cannot_take_the_room_of_coordinator_calls() {
+    let db = TestDatabase::create().await;
+    let file = token_file();
+    let path = file.path.to_str().unwrap();
+    let server = ServerProcess::start_with(&db.url, &["--auth-tokens", path]).await;
+    // Health Watch streams, open to anyone and held open, until the server
+    // refuses more of them.
+    let mut held = Vec::new();
+    let mut watching = Vec::new();
+    let mut refused = None;
+    'open: for _ in 0..3 {
+        let mut c = h2_connect(server.addr).await;
+        for _ in 0..900 {
+            c.send = c
+                .send
+                .clone()
+                .ready()
+                .await
+                .unwrap_or_else(|e| panic!("ready after {}: {e}", watching.len()));
+            let (answer, mut stream) = c
+                .send
+                .send_request(grpc_request(HEALTH_WATCH, None), false)
+                .unwrap();
+            stream.send_data(prefix(0), true).unwrap();
+            let response = answer.await.expect("an answer");
+            if let Some(code) = response.headers().get("grpc-status") {
+                refused = Some(code.to_str().unwrap().to_owned());
+                held.push(c);
+                break 'open;
+            }
+            // Read the first status it streams (the client's HTTP/2 refuses
+            // to keep many small frames unread).
+            let mut body = response.into_body();
+            body.data().await.expect("a status").expect("a status");
+            watching.push(body);
+        }
+        held.push(c);
+    }
+    assert_eq!(refused.as_deref(), Some("8"), "health streams are bounded");
+    println!(
+        "{} health streams held before one was refused",
+        watching.len()
+    );
+    // Coordinator calls still have all their room.
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let bearer = Bearer(format!("Bearer {TOKEN}").parse().unwrap());
+    let mut client =
+        proto::coordinator_client::CoordinatorClient::with_interceptor(channel, bearer);
+    let answer = client.acquire(acquire("s", "room")).await.unwrap();
+    assert_eq!(decision(&answer.into_inner()), proto::Decision::Proceed);
 }
