@@ -28,8 +28,15 @@
 //! - [`recovery`]: the recovery webhook that POSTs due records (the feed's
 //!   stream form, WatchDue, lives in `service::due`).
 //! - [`auth`]: who the caller is (bearer tokens to tenant and admin); the
-//!   only source of a request's tenant.
+//!   only source of a request's tenant. `transport` asks it on the headers
+//!   and hands the caller to `service` in the request's extensions.
 //! - [`config`]: flags with environment fallbacks, defaults in one place.
+//! - [`transport`]: the network edge, where no caller is trusted yet: the
+//!   one accept loop (connection cap, handshake time limit, back-off when
+//!   descriptors run out), HTTP/2 connections (keepalive, idle timeout), and
+//!   admission, which answers each call from its headers (credentials, room
+//!   in the in-flight byte budget, deadline) before a byte of its body is
+//!   read, and holds the body to size and time limits while it arrives.
 //! - [`startup`]: builds the server (Coordinator, health, reflection) exactly
 //!   as production and tests run it.
 //! - [`notify`]: waiting without a database connection: one LISTEN connection
@@ -38,8 +45,11 @@
 //! - [`shutdown`]: the signals that start a graceful shutdown.
 //! - [`telemetry`]: logging set-up.
 //!
-//! Dependencies point one way: `service` uses `domain`, `store` and `error`;
-//! `store` uses `domain` only; `domain` uses nothing of ours.
+//! Dependencies point one way: `service` uses `domain`, `store` and `error`
+//! (and `transport`'s reading of the deadline header); `transport` uses
+//! `auth`, `error` and `tls`, and reaches the services only as the routes
+//! `startup` hands it; `store` uses `domain` only; `domain` uses nothing of
+//! ours.
 
 pub mod auth;
 pub mod config;

@@ -24,7 +24,9 @@
 //!   all; reports the delay from that Complete to the last answer;
 //! - `sweep`: puts `--expired` expired records straight into the database
 //!   (`--database-url`), then runs `cycle` while one Sweep call deletes them;
-//!   reports the sweep's duration and the slowest client call meanwhile.
+//!   reports the sweep's duration and the slowest client call meanwhile;
+//! - `idle-connections`: opens `--waiters` HTTP/2 connections that make no
+//!   call; with `--server-pid`, reports what each costs the server.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -106,6 +108,7 @@ enum Scenario {
     CycleBesideWaiters,
     Wait,
     Sweep,
+    IdleConnections,
 }
 
 type Client = CoordinatorClient<Channel>;
@@ -590,6 +593,23 @@ async fn wait_release(args: &Args, clients: &[Client], run: &str) {
     );
 }
 
+/// Opens `--waiters` connections that make no call and reports the server's
+/// resident memory before and after.
+async fn idle_connections(args: &Args) {
+    let before = args.server_pid.and_then(resident_mib);
+    let open = connect(&args.target, args.waiters).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = args.server_pid.and_then(resident_mib);
+    if let (Some(before), Some(after)) = (before, after) {
+        println!(
+            "idle-connections: {} connections: server resident {before:.1} MiB before, {after:.1} MiB after: {:.1} KiB each",
+            open.len(),
+            (after - before) * 1024.0 / open.len() as f64
+        );
+    }
+    drop(open);
+}
+
 /// Expired SUCCEEDED records, written straight into the server's table (the
 /// fastest way to make many; the coordinator never writes expired rows).
 const INSERT_EXPIRED: &str = "
@@ -787,6 +807,7 @@ async fn main() {
             }
             Scenario::Wait => wait_release(&args, &clients, &run).await,
             Scenario::Sweep => sweep_under_load(&args, &clients, &run).await,
+            Scenario::IdleConnections => idle_connections(&args).await,
         }
     }
 }

@@ -339,6 +339,16 @@ impl ServerProcess {
     }
 }
 
+/// Resident memory of process `pid`, in KiB (Linux).
+pub fn resident_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
 /// Polls `check` until it returns `Some`, failing the test at `deadline`.
 pub async fn eventually<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> T
 where

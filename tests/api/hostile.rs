@@ -281,15 +281,6 @@ async fn raw_call(channel: tonic::transport::Channel, method: &'static str, body
     }
 }
 
-fn resident_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
-}
-
 /// One round of abuse: garbage messages to every method, oversized messages,
 /// abandoned waits and streams, and raw connections that send junk.
 async fn abuse(server: &ServerProcess, seed: u64) {
