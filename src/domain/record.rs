@@ -71,6 +71,27 @@ pub struct Record {
     pub lease: Lease,
 }
 
+impl Record {
+    /// The answer a live record gives an Acquire with `fingerprint` whatever
+    /// else holds: CONFLICT for another fingerprint (fixed when the record
+    /// was created), ALREADY_DONE once SUCCEEDED (final); `None` when the
+    /// answer depends on more (leases, retries, attempts), which only
+    /// `idempotency_acquire` decides.
+    ///
+    /// The same rule as SQL's `idempotency_final_decision`
+    /// (`sql/0005_final_decision.sql`); `tests/api/conformance.rs` holds
+    /// both to `idempotency_acquire`'s answers.
+    pub fn final_decision(&self, fingerprint: &Fingerprint) -> Option<Decision> {
+        if self.fingerprint != *fingerprint {
+            Some(Decision::Conflict)
+        } else if self.status == Status::Succeeded {
+            Some(Decision::AlreadyDone)
+        } else {
+            None
+        }
+    }
+}
+
 /// The right to do the work and report it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {

@@ -139,9 +139,9 @@ impl Held {
 /// What a waiter makes of the record read (once for all this process's
 /// waiters) after a notification.
 enum Seen {
-    /// SUCCEEDED with the caller's fingerprint: ALREADY_DONE, exactly as
-    /// `idempotency_acquire` would decide (SUCCEEDED is final), without a
-    /// round trip of the waiter's own.
+    /// A final answer (`Record::final_decision`: ALREADY_DONE or CONFLICT),
+    /// exactly as `idempotency_acquire` would decide it, without a round
+    /// trip of the waiter's own.
     Done(Box<Acquired>),
     /// The same lease is still held (a heartbeat moved its end by
     /// `extended_by`): keep waiting.
@@ -154,9 +154,9 @@ fn classify(seen: Result<Option<Record>, StoreError>, held: Held, cmd: &AcquireC
     let Ok(Some(record)) = seen else {
         return Seen::Decide;
     };
-    if record.status == RecordStatus::Succeeded && record.fingerprint == cmd.fingerprint {
+    if let Some(decision) = record.final_decision(&cmd.fingerprint) {
         return Seen::Done(Box::new(Acquired {
-            decision: Decision::AlreadyDone,
+            decision,
             record,
             retry_after: None,
         }));

@@ -18,7 +18,11 @@ pub struct Migration {
 }
 
 /// Every migration this binary knows, in order. A released migration is never
-/// edited: a change is a new file.
+/// edited, not even to fix a comment: a database that applied it keeps its
+/// checksum, and the server refuses to start against a changed one
+/// (`MigrateError::Changed`). A change is a new file, which may
+/// `CREATE OR REPLACE` what an earlier one created (0005 re-creates
+/// `idempotency_acquire` that way).
 pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
@@ -39,6 +43,11 @@ pub const MIGRATIONS: &[Migration] = &[
         version: 4,
         name: "batches",
         sql: include_str!("../../sql/0004_batches.sql"),
+    },
+    Migration {
+        version: 5,
+        name: "final_decision",
+        sql: include_str!("../../sql/0005_final_decision.sql"),
     },
 ];
 

@@ -24,7 +24,7 @@ use chrono::{DateTime, Utc};
 use quick_cache::Weighter;
 use quick_cache::sync::Cache;
 
-use crate::domain::{AcquireCommand, Acquired, Decision, Record, RecordId, Status};
+use crate::domain::{AcquireCommand, Acquired, Record, RecordId, Status};
 
 /// How long before `expires_at` an entry stops answering: more than the
 /// clock difference between a replica and the database is ever expected to be.
@@ -62,13 +62,8 @@ impl Replays {
             return None;
         }
         let record = &kept.record;
-        let decision = if record.fingerprint == cmd.fingerprint {
-            Decision::AlreadyDone
-        } else {
-            Decision::Conflict
-        };
         Some(Acquired {
-            decision,
+            decision: record.final_decision(&cmd.fingerprint)?,
             record: record.clone(),
             retry_after: None,
         })
@@ -124,7 +119,9 @@ impl Weighter<RecordId, Arc<Kept>> for BySize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{Fingerprint, Key, Lease, LeaseToken, Scope, StoredResult, Tenant};
+    use crate::domain::{
+        Decision, Fingerprint, Key, Lease, LeaseToken, Scope, StoredResult, Tenant,
+    };
 
     fn id(tenant: &str) -> RecordId {
         RecordId {
