@@ -263,7 +263,10 @@ impl fmt::Debug for LeaseToken {
     }
 }
 
-/// How many characters of a failure's error text are kept.
+/// How many characters of a failure's error text are kept. SQL keeps as
+/// many of the texts it writes itself (`left(…, 4000)` in
+/// `idempotency_acquire`); `conformance::sql_cuts_error_texts_where_the_server_does`
+/// holds the two together.
 pub const MAX_ERROR_CHARS: usize = 4000;
 
 /// A failure's error text, cut to [`MAX_ERROR_CHARS`] characters (never in

@@ -6,6 +6,7 @@ mod auth;
 mod batches;
 mod complete;
 mod concurrency;
+mod conformance;
 mod due;
 mod edge;
 mod extend_lease;
