@@ -9,8 +9,8 @@ use std::time::Duration;
 use clap::builder::TypedValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::domain::WaiterLimits;
 use crate::domain::{Backoff, Policy};
-use crate::notify::WaiterLimits;
 use crate::recovery::WebhookConfig;
 use crate::service::FeedConfig;
 use crate::store::StoreConfig;

@@ -13,8 +13,7 @@ use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::auth::AuthError;
-use crate::domain::Refusal;
-use crate::notify::TooManyWaiters;
+use crate::domain::{Refusal, TooManyWaiters};
 use crate::store::StoreError;
 
 /// The `ErrorInfo.domain` of every error this service returns.

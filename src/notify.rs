@@ -1,5 +1,7 @@
-//! Waiting without holding a database connection: one LISTEN connection per
-//! server process, fanned out in memory to every waiter of that process.
+//! The hub: waiting without holding a database connection. The changes one
+//! LISTEN connection per server process hears are fanned out in memory to
+//! every waiter of that process; the hub also admits waiters (the waiter
+//! limits) and shares one read of a record among the waiters it wakes.
 //!
 //! A waiter subscribes to its record *before* it reads the record, so a change
 //! committed between the read and the wait is not missed. Notifications are
@@ -13,10 +15,8 @@
 //! copy of the record's id and no timer of the hub's: ten thousand waiters on
 //! a process are its main cost in memory.
 //!
-//! The same connection tells readiness: `idempotency.v1.Coordinator` is
-//! SERVING only while it is connected, listening and telling its clock every
-//! interval; that reading also gives the store the skew between the
-//! database's clock and this host's (see `store::replays`).
+//! The connection itself is the store's (`store::listener`): `startup` hands
+//! its changes to [`Hub::on_change`] and its state to [`Hub::set_connected`].
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -28,28 +28,12 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 
 use tokio::sync::watch;
-use tokio_postgres::{AsyncMessage, NoTls};
-use tonic_health::server::HealthReporter;
 
-use crate::domain::{Key, Record, RecordId, Refusal, Scope, Tenant};
-use crate::error::cause_chain;
-use crate::proto::coordinator_server::CoordinatorServer;
-use crate::service::CoordinatorService;
-use crate::store::{Clock, StoreError};
-
-/// The channel `idempotency_notify_if_watched` (sql/) announces changed
-/// records on: tenant, scope and key on three lines.
-pub const CHANGES: &str = "idempotency_changes";
-
-/// The channel the sweeper announces scopes with newly due records on:
-/// tenant and scope on two lines.
-pub const DUE: &str = "idempotency_due";
+use crate::domain::{Record, RecordId, Refusal, Scope, Tenant, TooManyWaiters, WaiterLimits};
+use crate::store::{Change, StoreError};
 
 /// How often waiters re-read while the listener is down.
 const FALLBACK_POLL: Duration = Duration::from_millis(250);
-
-/// The longest pause between reconnection attempts.
-const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(5);
 
 /// One topic's change counter and how many listen to it.
 struct Topic<K, E> {
@@ -144,24 +128,6 @@ type SharedRead = Arc<tokio::sync::Mutex<Latest>>;
 
 /// A tenant's scope, as the recovery feed follows it.
 type ScopeId = (Tenant, Scope);
-
-/// How many calls may wait at once on one server process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WaiterLimits {
-    /// All tenants together.
-    pub total: usize,
-    /// One tenant, so that one tenant cannot take every place.
-    pub per_tenant: usize,
-}
-
-/// Why a call may not wait now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum TooManyWaiters {
-    #[error("too many calls wait on this server; try again shortly")]
-    Server,
-    #[error("too many calls of this tenant wait on this server; try again shortly")]
-    Tenant,
-}
 
 /// The in-memory fan-out of one server process.
 pub struct Hub {
@@ -269,22 +235,11 @@ impl Hub {
         self.records.len()
     }
 
-    /// A notification on `channel` with `payload` (lines as the SQL functions
-    /// write them).
-    fn on_notification(&self, channel: &str, payload: &str) {
-        let mut parts = payload.splitn(3, '\n');
-        let tenant = parts.next().map(Tenant::new);
-        let scope = parts
-            .next()
-            .and_then(|s| Scope::try_from(s.to_owned()).ok());
-        match (channel, tenant, scope, parts.next()) {
-            (CHANGES, Some(tenant), Some(scope), Some(key)) => {
-                if let Ok(key) = Key::try_from(key.to_owned()) {
-                    self.records.notify(&RecordId { tenant, scope, key });
-                }
-            }
-            (DUE, Some(tenant), Some(scope), None) => self.scopes.notify(&(tenant, scope)),
-            _ => tracing::warn!(channel, "ignoring a malformed notification"),
+    /// Wakes whoever waits on what `change` names.
+    pub fn on_change(&self, change: Change) {
+        match change {
+            Change::Record(id) => self.records.notify(&id),
+            Change::Due(tenant, scope) => self.scopes.notify(&(tenant, scope)),
         }
     }
 
@@ -314,7 +269,10 @@ impl Hub {
         }
     }
 
-    fn set_connected(&self, connected: bool) {
+    /// Whether the listener is connected and listening: while it is not,
+    /// waiters poll (`poll_while_down`); when it comes back, every waiter
+    /// re-checks.
+    pub fn set_connected(&self, connected: bool) {
         self.connected.send_replace(connected);
         if connected {
             // Whatever changed while we were away was not heard: re-check.
@@ -448,146 +406,10 @@ impl Drop for DueSubscription {
     }
 }
 
-async fn set_ready(reporter: &HealthReporter, ready: bool) {
-    if ready {
-        reporter
-            .set_serving::<CoordinatorServer<CoordinatorService>>()
-            .await;
-    } else {
-        reporter
-            .set_not_serving::<CoordinatorServer<CoordinatorService>>()
-            .await;
-    }
-}
-
-/// Marks the listener down when dropped, also when its task is aborted.
-struct DownWhenDropped<'a>(&'a Hub);
-
-impl Drop for DownWhenDropped<'_> {
-    fn drop(&mut self) {
-        self.0.set_connected(false);
-    }
-}
-
-/// Asks the database for its clock with `read` (`SELECT clock_timestamp()`,
-/// prepared once per connection, so the reading spans one round trip), which
-/// also shows that it answers, and records the skew between its clock and
-/// ours.
-async fn read_clock(
-    client: &tokio_postgres::Client,
-    read: &tokio_postgres::Statement,
-    clock: &Clock,
-) -> Result<(), tokio_postgres::Error> {
-    let before = Utc::now();
-    let row = client.query_one(read, &[]).await?;
-    let after = Utc::now();
-    clock.measured(row.try_get(0)?, before, after);
-    Ok(())
-}
-
-/// One connected session: LISTEN, then ping every `interval` until something
-/// fails. Returns why it ended, and whether it got as far as listening.
-async fn listen_once(
-    pg: &tokio_postgres::Config,
-    hub: &Arc<Hub>,
-    reporter: &HealthReporter,
-    interval: Duration,
-    clock: &Clock,
-) -> (String, bool) {
-    let connect = tokio::time::timeout(interval * 5, pg.connect(NoTls)).await;
-    let (client, mut connection) = match connect {
-        Ok(Ok(pair)) => pair,
-        Ok(Err(e)) => return (format!("cannot connect: {}", cause_chain(&e)), false),
-        Err(_) => return ("connecting timed out".to_owned(), false),
-    };
-    let notifications = Arc::clone(hub);
-    let driver = tokio::spawn(async move {
-        loop {
-            match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
-                Some(Ok(AsyncMessage::Notification(n))) => {
-                    notifications.on_notification(n.channel(), n.payload())
-                }
-                Some(Ok(_)) => {}
-                Some(Err(_)) | None => return,
-            }
-        }
-    });
-    if let Err(e) = client
-        .batch_execute(&format!("LISTEN {CHANGES}; LISTEN {DUE}"))
-        .await
-    {
-        driver.abort();
-        return (format!("LISTEN failed: {}", cause_chain(&e)), false);
-    }
-    let read = match client.prepare("SELECT clock_timestamp()").await {
-        Ok(read) => read,
-        Err(e) => {
-            driver.abort();
-            return (
-                format!("preparing the check failed: {}", cause_chain(&e)),
-                false,
-            );
-        }
-    };
-    if let Err(e) = read_clock(&client, &read, clock).await {
-        driver.abort();
-        return (
-            format!("reading the clock failed: {}", cause_chain(&e)),
-            false,
-        );
-    }
-    hub.set_connected(true);
-    tracing::info!("listening for changes; ready");
-    set_ready(reporter, true).await;
-    let why = loop {
-        tokio::time::sleep(interval).await;
-        match tokio::time::timeout(interval, read_clock(&client, &read, clock)).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => break format!("check failed: {}", cause_chain(&e)),
-            Err(_) => break format!("check took longer than {interval:?}"),
-        }
-    };
-    driver.abort();
-    (why, true)
-}
-
-/// Keeps the listener connected for as long as the server runs (it is
-/// aborted at shutdown), reconnecting with backoff; readiness follows it,
-/// and so does `clock`'s reading of the database's time. However it stops,
-/// the hub hears that it is down, so waiters fall back to polling
-/// (`Hub::poll_while_down`).
-pub async fn run_listener(
-    pg: tokio_postgres::Config,
-    hub: Arc<Hub>,
-    reporter: HealthReporter,
-    interval: Duration,
-    clock: Clock,
-) {
-    let _down_when_stopped = DownWhenDropped(&hub);
-    let mut delay = interval;
-    let mut reported = false;
-    loop {
-        let (why, was_listening) = listen_once(&pg, &hub, &reporter, interval, &clock).await;
-        hub.set_connected(false);
-        set_ready(&reporter, false).await;
-        if was_listening {
-            delay = interval;
-            reported = false;
-        }
-        if reported {
-            tracing::debug!(reason = %why, "database listener still down");
-        } else {
-            tracing::warn!(reason = %why, "database listener down: not ready, waiters poll");
-            reported = true;
-        }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(MAX_RECONNECT_DELAY);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::Key;
 
     fn record() -> RecordId {
         RecordId {

@@ -12,7 +12,7 @@ use tonic_health::ServingStatus;
 use crate::auth::{Authenticator, CredentialsError};
 use crate::config::ServeConfig;
 use crate::error::cause_chain;
-use crate::notify::{self, Hub};
+use crate::notify::Hub;
 use crate::proto::{self, coordinator_server::CoordinatorServer};
 use crate::recovery::Webhook;
 use crate::service::CoordinatorService;
@@ -221,13 +221,17 @@ impl Application {
             .await;
         let pg = store::pg_config(&config.store.database_url)
             .map_err(|e| StartupError::Config(cause_chain(&e)))?;
-        let listener_task = tokio::spawn(notify::run_listener(
-            pg,
+        let changes = store::listener::start(pg, config.health_interval, store.clock().clone(), {
+            let hub = Arc::clone(&hub);
+            move |change| hub.on_change(change)
+        });
+        let listener_task = changes.task;
+        let following = tokio::spawn(follow_listener(
+            changes.listening,
             Arc::clone(&hub),
             reporter.clone(),
-            config.health_interval,
-            store.clock().clone(),
         ));
+        let hub_at_drain = Arc::clone(&hub);
         // Outlives the listener, which the drain stops: calls still waiting
         // then hear of changes by polling.
         let polling = tokio::spawn({
@@ -277,6 +281,9 @@ impl Application {
         let drain = async move {
             shutdown.await;
             listener_task.abort();
+            following.abort();
+            // Calls still waiting hear of changes by polling from now on.
+            hub_at_drain.set_connected(false);
             reloading.abort();
             if let Some(sweeping) = &sweeping {
                 sweeping.abort();
@@ -319,6 +326,33 @@ impl Application {
         polling.abort();
         tracing::info!("stopped");
         Ok(())
+    }
+}
+
+/// Maps the listener's state onto readiness (`idempotency.v1.Coordinator`
+/// is SERVING only while the listener is connected, listening and reading
+/// the database's clock on time) and onto the hub (waiters poll while it is
+/// down).
+async fn follow_listener(
+    mut listening: tokio::sync::watch::Receiver<bool>,
+    hub: Arc<Hub>,
+    reporter: tonic_health::server::HealthReporter,
+) {
+    loop {
+        let up = *listening.borrow_and_update();
+        hub.set_connected(up);
+        if up {
+            reporter
+                .set_serving::<CoordinatorServer<CoordinatorService>>()
+                .await;
+        } else {
+            reporter
+                .set_not_serving::<CoordinatorServer<CoordinatorService>>()
+                .await;
+        }
+        if listening.changed().await.is_err() {
+            return;
+        }
     }
 }
 

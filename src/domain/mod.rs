@@ -10,7 +10,7 @@ pub use input::{
     ErrorText, Fingerprint, InvalidInput, Key, LeaseToken, MAX_ERROR_CHARS, RequestId, Scope,
     Tenant,
 };
-pub use policy::{Backoff, Policy};
+pub use policy::{Backoff, Policy, TooManyWaiters, WaiterLimits};
 pub use record::{
     AcquireCommand, Acquired, CompleteCommand, Decision, DueReason, DueRecord, ExtendCommand,
     Lease, Outcome, Record, RecordId, Refusal, Status, StoredResult, SweepCounts,

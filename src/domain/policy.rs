@@ -236,3 +236,21 @@ mod tests {
         assert!(p.check().is_err());
     }
 }
+
+/// How many calls may wait at once on one server process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WaiterLimits {
+    /// All tenants together.
+    pub total: usize,
+    /// One tenant, so that one tenant cannot take every place.
+    pub per_tenant: usize,
+}
+
+/// Why a call may not wait now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TooManyWaiters {
+    #[error("too many calls wait on this server; try again shortly")]
+    Server,
+    #[error("too many calls of this tenant wait on this server; try again shortly")]
+    Tenant,
+}

@@ -313,7 +313,7 @@ impl Coordinator for CoordinatorService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::notify::WaiterLimits;
+    use crate::domain::WaiterLimits;
     use crate::store::{Clock, StoreConfig};
 
     /// The Coordinator over a store that never connects: enough to build

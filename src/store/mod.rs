@@ -14,6 +14,7 @@
 mod batch;
 mod calls;
 mod clock;
+pub mod listener;
 pub mod migrate;
 mod mux;
 mod replays;
@@ -38,6 +39,7 @@ use crate::domain::{
 };
 
 pub use clock::Clock;
+pub use listener::Change;
 
 /// Why the store could not answer.
 #[derive(Debug, thiserror::Error)]

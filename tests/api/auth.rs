@@ -299,7 +299,7 @@ async fn sighup_reloads_the_credentials_of_a_running_server() {
 
 #[tokio::test]
 async fn one_tenant_cannot_take_every_waiting_place() {
-    use idempotency_coordinator::notify::WaiterLimits;
+    use idempotency_coordinator::domain::WaiterLimits;
     let file = TokenFile::new(&tokens());
     let path = file.path.clone();
     let app = spawn_app_with(move |c| {

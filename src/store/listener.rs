@@ -1,0 +1,213 @@
+//! The database's side of waiting: one `LISTEN` connection per server
+//! process, which hears the notifications the SQL functions send and reads
+//! the database's clock every interval (`SELECT clock_timestamp()`,
+//! prepared once per connection), which also shows that the database
+//! answers and gives [`Clock`] the skew between its clock and this host's.
+//!
+//! Its errors are tokio-postgres errors, whose text carries their cause.
+//!
+//! It knows nothing of who waits: notifications go to the `on_change`
+//! callback as [`Change`]s, and whether it is listening goes out on a
+//! `watch` channel, which `startup` maps onto readiness and the hub.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_postgres::{AsyncMessage, NoTls};
+
+use super::clock::Clock;
+use crate::domain::{Key, RecordId, Scope, Tenant};
+
+/// The channel the SQL functions notify a watched record's change on
+/// (payload: tenant, scope and key, one a line).
+const CHANGES: &str = "idempotency_changes";
+/// The channel the SQL functions notify a newly due record on (payload:
+/// tenant and scope, one a line).
+const DUE: &str = "idempotency_due";
+
+/// The longest pause between reconnection attempts.
+const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(5);
+
+/// What a notification says changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// A record somebody waits on changed.
+    Record(RecordId),
+    /// A record of this tenant's scope came due for a retry.
+    Due(Tenant, Scope),
+}
+
+impl Change {
+    /// Reads a notification on `channel` with `payload` (lines as the SQL
+    /// functions write them); `None` when it is not one of ours.
+    fn parse(channel: &str, payload: &str) -> Option<Change> {
+        let mut parts = payload.splitn(3, '\n');
+        let tenant = Tenant::new(parts.next()?);
+        let scope = Scope::try_from(parts.next()?.to_owned()).ok()?;
+        match (channel, parts.next()) {
+            (CHANGES, Some(key)) => Some(Change::Record(RecordId {
+                tenant,
+                scope,
+                key: Key::try_from(key.to_owned()).ok()?,
+            })),
+            (DUE, None) => Some(Change::Due(tenant, scope)),
+            _ => None,
+        }
+    }
+}
+
+/// A running listener: whether it is listening, and its task.
+pub struct Listener {
+    /// `true` while connected, listening and reading the clock on time.
+    pub listening: watch::Receiver<bool>,
+    /// Abort it to stop the listener; `listening` then turns `false` and
+    /// closes.
+    pub task: JoinHandle<()>,
+}
+
+/// Starts the listener: it keeps a connection for as long as it runs,
+/// reconnecting with backoff, and hands every notification to `on_change`.
+pub fn start(
+    pg: tokio_postgres::Config,
+    interval: Duration,
+    clock: Clock,
+    on_change: impl Fn(Change) + Send + Sync + 'static,
+) -> Listener {
+    let (state, listening) = watch::channel(false);
+    let on_change: Arc<dyn Fn(Change) + Send + Sync> = Arc::new(on_change);
+    let task = tokio::spawn(async move {
+        let mut delay = interval;
+        let mut reported = false;
+        loop {
+            let (why, was_listening) = listen_once(&pg, &state, interval, &clock, &on_change).await;
+            state.send_replace(false);
+            if was_listening {
+                delay = interval;
+                reported = false;
+            }
+            if reported {
+                tracing::debug!(reason = %why, "database listener still down");
+            } else {
+                tracing::warn!(reason = %why, "database listener down: not ready, waiters poll");
+                reported = true;
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(MAX_RECONNECT_DELAY);
+        }
+    });
+    Listener { listening, task }
+}
+
+/// Asks the database for its clock with `read`, which also shows that it
+/// answers, and records the skew between its clock and ours.
+async fn read_clock(
+    client: &tokio_postgres::Client,
+    read: &tokio_postgres::Statement,
+    clock: &Clock,
+) -> Result<(), tokio_postgres::Error> {
+    let before = Utc::now();
+    let row = client.query_one(read, &[]).await?;
+    let after = Utc::now();
+    clock.measured(row.try_get(0)?, before, after);
+    Ok(())
+}
+
+/// One connected session: LISTEN, then read the clock every `interval`
+/// until something fails. Returns why it ended, and whether it got as far
+/// as listening.
+async fn listen_once(
+    pg: &tokio_postgres::Config,
+    state: &watch::Sender<bool>,
+    interval: Duration,
+    clock: &Clock,
+    on_change: &Arc<dyn Fn(Change) + Send + Sync>,
+) -> (String, bool) {
+    let connect = tokio::time::timeout(interval * 5, pg.connect(NoTls)).await;
+    let (client, mut connection) = match connect {
+        Ok(Ok(pair)) => pair,
+        Ok(Err(e)) => return (format!("cannot connect: {}", e), false),
+        Err(_) => return ("connecting timed out".to_owned(), false),
+    };
+    let on_change = Arc::clone(on_change);
+    let driver = tokio::spawn(async move {
+        loop {
+            match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                Some(Ok(AsyncMessage::Notification(n))) => {
+                    match Change::parse(n.channel(), n.payload()) {
+                        Some(change) => on_change(change),
+                        None => tracing::warn!(
+                            channel = n.channel(),
+                            "ignoring a malformed notification"
+                        ),
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => return,
+            }
+        }
+    });
+    if let Err(e) = client
+        .batch_execute(&format!("LISTEN {CHANGES}; LISTEN {DUE}"))
+        .await
+    {
+        driver.abort();
+        return (format!("LISTEN failed: {}", e), false);
+    }
+    let read = match client.prepare("SELECT clock_timestamp()").await {
+        Ok(read) => read,
+        Err(e) => {
+            driver.abort();
+            return (format!("preparing the check failed: {}", e), false);
+        }
+    };
+    if let Err(e) = read_clock(&client, &read, clock).await {
+        driver.abort();
+        return (format!("reading the clock failed: {}", e), false);
+    }
+    state.send_replace(true);
+    tracing::info!("listening for changes; ready");
+    let why = loop {
+        tokio::time::sleep(interval).await;
+        match tokio::time::timeout(interval, read_clock(&client, &read, clock)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => break format!("check failed: {}", e),
+            Err(_) => break format!("check took longer than {interval:?}"),
+        }
+    };
+    driver.abort();
+    (why, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notifications_read_as_changes_and_anything_else_is_refused() {
+        assert_eq!(
+            Change::parse(CHANGES, "t\ns\nk"),
+            Some(Change::Record(RecordId {
+                tenant: Tenant::new("t"),
+                scope: Scope::try_from("s".to_owned()).unwrap(),
+                key: Key::try_from("k".to_owned()).unwrap(),
+            }))
+        );
+        assert_eq!(
+            Change::parse(DUE, "t\ns"),
+            Some(Change::Due(
+                Tenant::new("t"),
+                Scope::try_from("s".to_owned()).unwrap()
+            ))
+        );
+        for (channel, payload) in [(CHANGES, "t\ns"), (DUE, "t\ns\nk"), ("other", "t\ns\nk")] {
+            assert_eq!(
+                Change::parse(channel, payload),
+                None,
+                "{channel} {payload:?}"
+            );
+        }
+    }
+}
