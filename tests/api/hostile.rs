@@ -4,6 +4,10 @@
 //! started, and its table holding only what valid calls created.
 
 use std::collections::HashSet;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, BufMut};
@@ -14,6 +18,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use tonic::Code;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tower_service::Service;
 
 use crate::helpers::*;
 
@@ -281,6 +286,65 @@ async fn raw_call(channel: tonic::transport::Channel, method: &'static str, body
     }
 }
 
+/// Waits and streams (half each) that one round of abuse abandons.
+const ABANDONED: usize = 300;
+
+/// A channel that counts the requests whose message it has handed whole to
+/// the connection: the last frame of their body taken by the HTTP/2 stream.
+#[derive(Clone)]
+struct CountSent {
+    channel: tonic::transport::Channel,
+    sent: Arc<AtomicUsize>,
+}
+
+impl Service<http::Request<tonic::body::Body>> for CountSent {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = tonic::transport::Error;
+    type Future = tonic::transport::channel::ResponseFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.channel.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let sent = Some(Arc::clone(&self.sent));
+        self.channel
+            .call(request.map(|body| tonic::body::Body::new(Counted { body, sent })))
+    }
+}
+
+/// A request body that adds one to `sent` once its last frame is taken.
+struct Counted {
+    body: tonic::body::Body,
+    sent: Option<Arc<AtomicUsize>>,
+}
+
+impl http_body::Body for Counted {
+    type Data = bytes::Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let frame = std::task::ready!(Pin::new(&mut self.body).poll_frame(cx));
+        if (frame.is_none() || self.body.is_end_stream())
+            && let Some(sent) = self.sent.take()
+        {
+            sent.fetch_add(1, Ordering::SeqCst);
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// One round of abuse: garbage messages to every method, oversized messages,
 /// abandoned waits and streams, and raw connections that send junk.
 async fn abuse(server: &ServerProcess, seed: u64) {
@@ -324,10 +388,17 @@ async fn abuse(server: &ServerProcess, seed: u64) {
     let mut client = proto::coordinator_client::CoordinatorClient::new(channel.clone());
     let held = format!("held-{seed}");
     let _ = client.acquire(acquire("hostile", &held)).await;
-    let abandoned: Vec<_> = (0..300)
+    let sent = Arc::new(AtomicUsize::new(0));
+    let watches_answered = Arc::new(AtomicUsize::new(0));
+    let counted = proto::coordinator_client::CoordinatorClient::new(CountSent {
+        channel: channel.clone(),
+        sent: Arc::clone(&sent),
+    });
+    let abandoned: Vec<_> = (0..ABANDONED)
         .map(|i| {
-            let mut c = client.clone();
+            let mut c = counted.clone();
             let held = held.clone();
+            let watches_answered = Arc::clone(&watches_answered);
             tokio::spawn(async move {
                 if i % 2 == 0 {
                     let _ = c.acquire(waiting("hostile", &held, 60)).await;
@@ -337,14 +408,34 @@ async fn abuse(server: &ServerProcess, seed: u64) {
                         key: held,
                         timeout: secs(60),
                     };
-                    if let Ok(stream) = c.watch(req).await {
+                    let answer = c.watch(req).await;
+                    watches_answered.fetch_add(1, Ordering::SeqCst);
+                    if let Ok(stream) = answer {
                         drop(stream);
                     }
                 }
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Abandon the calls only once they have reached the server. The server
+    // answers a Watch only after it has registered the watcher and read the
+    // record (or refused the call), so an answered Watch is one the server
+    // has taken in. A waiting Acquire parked on the server shows nothing
+    // outside its process: it is answered when its window ends, holds no
+    // database connection while it sleeps, and the server counts its waiters
+    // in memory only. For those the condition is the client's: each request
+    // handed whole to the HTTP/2 connection, which sends it before the
+    // cancellation that aborting the call queues behind it.
+    eventually(
+        "the abandoned calls to reach the server",
+        Duration::from_secs(10),
+        || async {
+            let sent = sent.load(Ordering::SeqCst);
+            let answered = watches_answered.load(Ordering::SeqCst);
+            (sent == ABANDONED && answered == ABANDONED / 2).then_some(())
+        },
+    )
+    .await;
     for call in &abandoned {
         call.abort();
     }

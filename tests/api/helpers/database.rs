@@ -1,0 +1,158 @@
+//! Databases: a fresh one per test, a proxy that can cut it, and what its table holds.
+
+use std::net::SocketAddr;
+
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned())
+}
+
+/// `url` pointing at database `name` instead (URL or key=value form).
+fn with_database(url: &str, name: &str) -> String {
+    if let Some(rest) = url
+        .strip_prefix("postgres://")
+        .or_else(|| url.strip_prefix("postgresql://"))
+    {
+        let (authority_and_path, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let authority = authority_and_path.split('/').next().unwrap_or_default();
+        let query = if query.is_empty() {
+            String::new()
+        } else {
+            format!("?{query}")
+        };
+        format!("postgres://{authority}/{name}{query}")
+    } else {
+        format!("{url} dbname={name}")
+    }
+}
+
+async fn admin_connect(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to PostgreSQL at {url}: {e}. Is it running?"));
+    tokio::spawn(connection);
+    client
+}
+
+/// A database created for one test and dropped when the test ends.
+pub struct TestDatabase {
+    pub name: String,
+    pub url: String,
+}
+
+impl TestDatabase {
+    pub async fn create() -> Self {
+        let admin_url = database_url();
+        let name = format!("idem_test_{}", uuid::Uuid::new_v4().simple());
+        let admin = admin_connect(&admin_url).await;
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("create test database");
+        TestDatabase {
+            url: with_database(&admin_url, &name),
+            name,
+        }
+    }
+
+    pub async fn connect(&self) -> tokio_postgres::Client {
+        admin_connect(&self.url).await
+    }
+
+    pub async fn count_records(&self) -> i64 {
+        self.connect()
+            .await
+            .query_one("SELECT count(*) FROM idempotency_keys", &[])
+            .await
+            .expect("count records")
+            .get(0)
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        // Drop runs outside any async context we could borrow, so clean up on
+        // a thread with a runtime of its own.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("cleanup runtime");
+            rt.block_on(async move {
+                if let Ok((client, connection)) =
+                    tokio_postgres::connect(&database_url(), tokio_postgres::NoTls).await
+                {
+                    tokio::spawn(connection);
+                    let _ = client
+                        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// A TCP proxy in front of PostgreSQL that a test can cut and restore, to
+/// play a database that goes away and comes back.
+pub struct DatabaseProxy {
+    pub port: u16,
+    open: tokio::sync::watch::Sender<bool>,
+}
+
+impl DatabaseProxy {
+    pub async fn start(target: SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (open, watch) = tokio::sync::watch::channel(true);
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if !*watch.borrow() {
+                    continue; // dropped: the connection is refused
+                }
+                let mut closed = watch.clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = closed.wait_for(|open| !*open) => {}
+                    }
+                });
+            }
+        });
+        DatabaseProxy { port, open }
+    }
+
+    /// Drops every proxied connection and refuses new ones.
+    pub fn cut(&self) {
+        self.open.send_replace(false);
+    }
+
+    pub fn restore(&self) {
+        self.open.send_replace(true);
+    }
+
+    /// `url` (a test database URL) rewritten to go through this proxy.
+    pub fn url_for(&self, db: &TestDatabase) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{}", self.port, db.name)
+    }
+}
+
+/// Records in the database right now, by status.
+pub async fn statuses(db: &TestDatabase) -> Vec<(String, String)> {
+    db.connect()
+        .await
+        .query(
+            "SELECT idempotency_key, status FROM idempotency_keys ORDER BY idempotency_key",
+            &[],
+        )
+        .await
+        .expect("read statuses")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}

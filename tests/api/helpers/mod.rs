@@ -1,0 +1,21 @@
+//! Test fixtures, one module per kind, all re-exported: tests need only `use crate::helpers::*;`.
+
+mod auth;
+mod conditions;
+mod database;
+mod health;
+mod process;
+mod requests;
+mod server;
+mod totals;
+mod webhook;
+
+pub use auth::*;
+pub use conditions::*;
+pub use database::*;
+pub use health::*;
+pub use process::*;
+pub use requests::*;
+pub use server::*;
+pub use totals::*;
+pub use webhook::*;

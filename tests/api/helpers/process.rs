@@ -1,0 +1,134 @@
+//! The server binary in a process of its own: started, signalled, its logs and memory read.
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idempotency_coordinator::proto::coordinator_client::CoordinatorClient;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tonic::transport::Channel;
+
+/// The server binary in a process of its own.
+pub struct ServerProcess {
+    pub addr: SocketAddr,
+    child: tokio::process::Child,
+    /// Every line the server has logged so far.
+    logs: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+/// How a server process is started, beyond its flags.
+#[derive(Default)]
+pub struct Launch<'a> {
+    /// Environment variables set for the server (`RUST_LOG` is otherwise
+    /// removed).
+    pub env: &'a [(&'a str, &'a str)],
+    /// The server's open file limit (soft and hard), when set.
+    pub open_files: Option<u64>,
+}
+
+impl ServerProcess {
+    pub async fn start(database_url: &str) -> Self {
+        Self::start_with(database_url, &[]).await
+    }
+
+    pub async fn start_with(database_url: &str, extra: &[&str]) -> Self {
+        Self::launch(database_url, extra, Launch::default()).await
+    }
+
+    pub async fn launch(database_url: &str, extra: &[&str], launch: Launch<'_>) -> Self {
+        let mut command =
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"));
+        command
+            .args(["--log-format", "json", "serve", "--listen", "127.0.0.1:0"])
+            .args(["--database-url", database_url])
+            .args(extra)
+            .env_remove("RUST_LOG")
+            .envs(launch.env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(files) = launch.open_files {
+            // SAFETY: setrlimit is async-signal-safe and touches no memory
+            // of the parent.
+            unsafe {
+                command.pre_exec(move || {
+                    rlimit::Resource::NOFILE.set(files, files)?;
+                    Ok(())
+                });
+            }
+        }
+        let mut child = command.spawn().expect("start the server binary");
+        let logs = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let addr = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(line) = lines.next_line().await.expect("server log") {
+                logs.lock().unwrap().push(line.clone());
+                let Ok(entry) = serde_json::from_str::<serde_json::Value>(&line) else {
+                    continue;
+                };
+                if entry["fields"]["message"] == "listening" {
+                    let addr = entry["fields"]["addr"].as_str().expect("addr field");
+                    return addr.parse::<SocketAddr>().expect("socket address");
+                }
+            }
+            panic!("the server exited before listening");
+        })
+        .await
+        .expect("the server did not start listening within 30 s");
+        // Keep reading so the server never blocks on a full pipe.
+        let kept = Arc::clone(&logs);
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                kept.lock().unwrap().push(line);
+            }
+        });
+        ServerProcess { addr, child, logs }
+    }
+
+    /// The lines logged so far.
+    pub fn logs(&self) -> Vec<String> {
+        self.logs.lock().unwrap().clone()
+    }
+
+    pub async fn client(&self) -> CoordinatorClient<Channel> {
+        CoordinatorClient::connect(format!("http://{}", self.addr))
+            .await
+            .expect("connect to the server process")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("running")
+    }
+
+    /// Sends `signal` (a name kill(1) knows, like HUP) to the process.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.id().expect("running");
+        let sent = std::process::Command::new("kill")
+            .args([format!("-{signal}"), pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -{signal} {pid}");
+    }
+
+    /// Sends SIGTERM (as Kubernetes does) and waits for the process to
+    /// exit; returns its status.
+    pub async fn terminate(mut self) -> std::process::ExitStatus {
+        self.signal("TERM");
+        tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("the server did not exit within 30 s of SIGTERM")
+            .expect("wait for the server")
+    }
+}
+
+/// Resident memory of process `pid`, in KiB (Linux).
+pub fn resident_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
