@@ -1,0 +1,161 @@
+//! Load generator for a running coordinator: drives it over gRPC with
+//! concurrent clients for a fixed time and prints throughput and latency
+//! percentiles, each scenario closing with one machine-readable `RESULT` line.
+//!
+//! ```text
+//! cargo run --release --bin idempotency-bench -- --target 127.0.0.1:50051 \
+//!     --scenario cycle,replay,contend,wait --clients 32 --seconds 10 \
+//!     --baseline-sql --database-url postgres://postgres@127.0.0.1:5432/bench
+//! ```
+//!
+//! `--baseline-sql` runs `cycle`, `replay` and `contend` a second time
+//! straight against PostgreSQL, through the same SQL functions prepared on one
+//! connection per client: the physical limit the coordinator can at most
+//! match. The `RESULT` line then carries `sql_ops_per_s` and `ratio`.
+//!
+//! Scenarios:
+//! - `cycle`: Acquire + Complete on fresh keys, nobody waiting (the plain path);
+//! - `replay`: Acquire on 1,000 keys already SUCCEEDED;
+//! - `contend`: all clients on `--hot-keys` keys; whoever gets the lease gives
+//!   it straight back (Complete with release);
+//! - `cycle-beside-waiters`: the same while `--waiters` calls wait on other
+//!   keys, so the listener, the fan-out and watched records are all busy;
+//! - `wait`: `--waiters` calls wait on one key, one Complete releases them
+//!   all; reports the delay from that Complete to the last answer;
+//! - `sweep`: puts `--expired` expired records straight into the database
+//!   (`--database-url`), then runs `cycle` while one Sweep call deletes them;
+//!   reports the sweep's duration and the slowest client call meanwhile;
+//! - `idle-connections`: opens `--waiters` HTTP/2 connections that make no
+//!   call; with `--server-pid`, reports what each costs the server.
+
+mod baseline;
+mod client;
+mod idle;
+mod load;
+mod report;
+mod sweep;
+mod waiters;
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use clap::{Parser, ValueEnum};
+
+use client::{Driver, connect};
+
+#[derive(Debug, Parser)]
+#[command(about = "Drives a running idempotency coordinator and reports what it sustains.")]
+struct Args {
+    /// The coordinator's address.
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    target: String,
+    /// Scenarios to run, in order (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "cycle")]
+    scenario: Vec<Scenario>,
+    /// Concurrent clients issuing calls back to back.
+    #[arg(long, default_value_t = 32)]
+    clients: usize,
+    /// How long each timed scenario runs.
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// HTTP/2 connections the clients share.
+    #[arg(long, default_value_t = 8)]
+    connections: usize,
+    /// Waiting calls in `cycle-beside-waiters` and `wait`.
+    #[arg(long, default_value_t = 1000)]
+    waiters: usize,
+    /// Expired records the `sweep` scenario sweeps.
+    #[arg(long, default_value_t = 100_000)]
+    expired: u32,
+    /// The server's database, for scenarios that prepare data in it and for
+    /// the direct-SQL baseline.
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: Option<String>,
+    /// Also run `cycle`, `replay` and `contend` directly against PostgreSQL
+    /// (the same SQL functions, prepared, one connection per client) and
+    /// report the coordinator's throughput as a ratio of that.
+    #[arg(long)]
+    baseline_sql: bool,
+    /// Hot keys in `contend`.
+    #[arg(long, default_value_t = 4)]
+    hot_keys: usize,
+    /// Pace `cycle` at this many cycles per second in all (spread over the
+    /// clients) instead of as fast as it goes, to read latency at a given load.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// The server's process id, when it runs on this machine: `wait` then
+    /// reports the server's resident memory while every waiter is parked.
+    #[arg(long)]
+    server_pid: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Scenario {
+    Cycle,
+    Replay,
+    Contend,
+    CycleBesideWaiters,
+    Wait,
+    Sweep,
+    IdleConnections,
+}
+
+/// A distinct prefix per run, so runs against one database never collide.
+fn run_id() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!("{nanos:x}")
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let clients = connect(&args.target, args.connections).await;
+    let run = run_id();
+    println!(
+        "target {} · {} clients over {} connections · {} s per timed scenario · {} cores here",
+        args.target,
+        args.clients,
+        args.connections,
+        args.seconds,
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    let grpc: Vec<Driver> = clients.iter().cloned().map(Driver::Grpc).collect();
+    let sql = if args.baseline_sql {
+        let url = args
+            .database_url
+            .as_deref()
+            .expect("--baseline-sql needs --database-url (or DATABASE_URL)");
+        Some(baseline::sql_drivers(url, args.clients).await)
+    } else {
+        None
+    };
+    let mut plain = None;
+    for (n, scenario) in args.scenario.iter().enumerate() {
+        // Keys unique to this run and this step of it.
+        let run = format!("{run}-{n}");
+        match scenario {
+            Scenario::Cycle => {
+                plain = Some(load::cycle(&args, &grpc, sql.as_deref(), &run).await);
+            }
+            Scenario::Replay | Scenario::Contend => {
+                let contend = *scenario == Scenario::Contend;
+                load::replay_or_contend(&args, &grpc, sql.as_deref(), &run, contend).await;
+            }
+            Scenario::CycleBesideWaiters => {
+                let beside = waiters::cycle_beside_waiters(&args, &clients, &run).await;
+                if let Some(plain) = plain {
+                    println!(
+                        "beside {} waiters the plain path runs at {:.2} of its speed with nobody waiting",
+                        args.waiters,
+                        beside / plain
+                    );
+                }
+            }
+            Scenario::Wait => waiters::wait_release(&args, &clients, &run).await,
+            Scenario::Sweep => sweep::sweep_under_load(&args, &clients, &run).await,
+            Scenario::IdleConnections => idle::idle_connections(&args).await,
+        }
+    }
+}
