@@ -16,8 +16,8 @@ use tonic::body::Body;
 use tonic::service::Routes;
 use tower_service::Service as _;
 
+use super::activity::OpenCall;
 use super::body::{BodyLimits, ByteBudget, GuardedBody, Pace, Reservation};
-use super::connection::OpenCall;
 use crate::auth::Authenticator;
 use crate::error::Error;
 

@@ -5,7 +5,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use hyper::body::Incoming;
@@ -13,55 +12,12 @@ use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
-use tokio::time::Instant;
 use tracing::Instrument as _;
 
 use super::ConnectionLimits;
+use super::activity::Activity;
 use super::admission::Admission;
 use crate::error::cause_chain;
-
-/// Calls open on one connection, and when the last one ended.
-pub struct Activity {
-    open: AtomicUsize,
-    born: Instant,
-    /// Milliseconds from `born` to the end of the last call.
-    last_end_ms: AtomicU64,
-}
-
-impl Activity {
-    fn new() -> Arc<Self> {
-        Arc::new(Activity {
-            open: AtomicUsize::new(0),
-            born: Instant::now(),
-            last_end_ms: AtomicU64::new(0),
-        })
-    }
-
-    fn start(self: &Arc<Self>) -> OpenCall {
-        self.open.fetch_add(1, Ordering::AcqRel);
-        OpenCall(Arc::clone(self))
-    }
-
-    /// How long the connection has had no call open; `None` while one is.
-    fn idle_for(&self) -> Option<Duration> {
-        if self.open.load(Ordering::Acquire) > 0 {
-            return None;
-        }
-        let since = Duration::from_millis(self.last_end_ms.load(Ordering::Acquire));
-        Some(self.born.elapsed().saturating_sub(since))
-    }
-}
-
-/// A call in progress on a connection; dropped when its answer is sent.
-pub struct OpenCall(Arc<Activity>);
-
-impl Drop for OpenCall {
-    fn drop(&mut self) {
-        let ms = u64::try_from(self.0.born.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.0.last_end_ms.fetch_max(ms, Ordering::AcqRel);
-        self.0.open.fetch_sub(1, Ordering::AcqRel);
-    }
-}
 
 /// Resolves once the connection has had no open call for `timeout`.
 async fn idle(activity: &Activity, timeout: Duration) {
@@ -142,21 +98,4 @@ pub async fn serve<IO>(
     }
     .instrument(span)
     .await;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn a_connection_is_idle_only_without_open_calls() {
-        let activity = Activity::new();
-        let call = activity.start();
-        tokio::time::advance(Duration::from_secs(10)).await;
-        assert_eq!(activity.idle_for(), None);
-        drop(call);
-        tokio::time::advance(Duration::from_secs(3)).await;
-        let idle = activity.idle_for().unwrap();
-        assert!(idle >= Duration::from_secs(3) && idle < Duration::from_secs(4));
-    }
 }

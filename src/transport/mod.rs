@@ -8,6 +8,7 @@
 //! "Limits", adds the bounds up.
 
 mod accept;
+mod activity;
 mod admission;
 mod body;
 mod connection;
