@@ -341,6 +341,34 @@ pub struct ServeArgs {
     pub shutdown_delay: humantime::Duration,
 }
 
+impl StoreConfig {
+    /// The defaults, for `database_url`.
+    pub fn new(database_url: impl Into<String>) -> Self {
+        StoreConfig {
+            database_url: database_url.into(),
+            pool_size: DEFAULT_POOL_SIZE,
+            connect_wait: DEFAULT_CONNECT_WAIT,
+            query_timeout: DEFAULT_QUERY_TIMEOUT,
+            shared_connections: DEFAULT_SHARED_CONNECTIONS,
+            batch_size: DEFAULT_BATCH_SIZE,
+            replay_cache_bytes: DEFAULT_REPLAY_CACHE_MIB << 20,
+        }
+    }
+
+    /// One pooled connection that waits up to 10 s, and nothing for calls:
+    /// what `migrate` needs.
+    pub fn for_migrations(database_url: impl Into<String>) -> Self {
+        StoreConfig {
+            pool_size: 1,
+            connect_wait: Duration::from_secs(10),
+            shared_connections: 0,
+            batch_size: 1,
+            replay_cache_bytes: 0,
+            ..StoreConfig::new(database_url)
+        }
+    }
+}
+
 fn nonzero(d: Duration) -> Option<Duration> {
     (!d.is_zero()).then_some(d)
 }
@@ -379,15 +407,7 @@ impl ServeConfig {
     pub fn new(listen: SocketAddr, database_url: impl Into<String>) -> Self {
         ServeConfig {
             listen,
-            store: StoreConfig {
-                database_url: database_url.into(),
-                pool_size: DEFAULT_POOL_SIZE,
-                connect_wait: DEFAULT_CONNECT_WAIT,
-                query_timeout: DEFAULT_QUERY_TIMEOUT,
-                shared_connections: DEFAULT_SHARED_CONNECTIONS,
-                batch_size: DEFAULT_BATCH_SIZE,
-                replay_cache_bytes: DEFAULT_REPLAY_CACHE_MIB << 20,
-            },
+            store: StoreConfig::new(database_url),
             policy: Policy::default(),
             run_migrations: true,
             shutdown_delay: Duration::ZERO,

@@ -12,12 +12,16 @@
 //!   policy of defaults and limits, records and decisions. No I/O.
 //! - [`store`]: the database seam. One method per SQL function in `sql/`
 //!   (where the Acquire/Complete/ExtendLease decisions really live, under row
-//!   locks and the database clock); [`store::migrate`] applies `sql/` in order.
-//!   Calls' statements are pipelined on a few shared connections
-//!   (`store::mux`), and Acquires and Completes that arrive together share one
-//!   statement and one commit (`store::batch`, group commit; their arguments
-//!   are bound in `store::calls`). Replays of SUCCEEDED records are answered
-//!   from memory until shortly before the records expire (`store::replays`).
+//!   locks and the database clock), split by job: `store::setup` (pool and
+//!   configuration), `store::run` (how a statement reaches the database:
+//!   pipelined on a few shared connections, `store::mux`, or batched so that
+//!   Acquires and Completes that arrive together share one statement and one
+//!   commit, `store::batch` with arguments bound in `store::calls`),
+//!   `store::maintenance` (sweeps, due records), `store::row` and
+//!   [`store::names`] (rows and the SQL functions' names into domain values),
+//!   `store::replays` (SUCCEEDED records answered from memory until shortly
+//!   before they expire), [`store::listener`] (the LISTEN connection and the
+//!   database's clock) and [`store::migrate`] (applies `sql/` in order).
 //! - [`service`]: the gRPC `Coordinator` trait: decode into domain commands,
 //!   call the store, encode the answer; `service::wait` holds Acquire's wait
 //!   window and the Watch stream.
@@ -38,18 +42,21 @@
 //!   in the in-flight byte budget, deadline) before a byte of its body is
 //!   read, and holds the body to size and time limits while it arrives.
 //! - [`startup`]: builds the server (Coordinator, health, reflection) exactly
-//!   as production and tests run it.
-//! - [`notify`]: waiting without a database connection: one LISTEN connection
-//!   per process fanned out to waiters; it also drives readiness.
+//!   as production and tests run it, and wires the listener's state to
+//!   readiness and to the hub.
+//! - [`notify`]: the hub: waiting without a database connection. The
+//!   listener's changes fanned out to this process's waiters, the waiter
+//!   limits, and one shared read per record for the waiters a change wakes.
 //! - [`tls`]: TLS and mutual TLS on the gRPC port, reloadable.
 //! - [`shutdown`]: the signals that start a graceful shutdown.
 //! - [`telemetry`]: logging set-up.
 //!
-//! Dependencies point one way: `service` uses `domain`, `store` and `error`
-//! (and `transport`'s reading of the deadline header); `transport` uses
-//! `auth`, `error` and `tls`, and reaches the services only as the routes
-//! `startup` hands it; `store` uses `domain` only; `domain` uses nothing of
-//! ours.
+//! Dependencies point one way: `service` uses `domain`, `store`, `notify`
+//! and `error` (and `transport`'s reading of the deadline header);
+//! `notify` uses `domain` and `store`; `transport` uses `auth`, `error` and
+//! `tls`, and reaches the services only as the routes `startup` hands it;
+//! `error` uses `domain`, `auth` and `store`; `store` uses `domain` only;
+//! `domain` uses nothing of ours. Only `startup` and `config` see everything.
 
 pub mod auth;
 pub mod config;

@@ -4,7 +4,6 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use idempotency_coordinator::config::DEFAULT_QUERY_TIMEOUT;
 use idempotency_coordinator::config::{Cli, Command, ServeConfig};
 use idempotency_coordinator::error::cause_chain;
 use idempotency_coordinator::startup::{Application, StartupError, run_migrations};
@@ -36,15 +35,7 @@ async fn run(cli: Cli) -> Result<(), StartupError> {
             app.run_until(shutdown::signal()).await
         }
         Command::Migrate(db) => {
-            let config = StoreConfig {
-                database_url: db.database_url,
-                pool_size: 1,
-                connect_wait: std::time::Duration::from_secs(10),
-                query_timeout: DEFAULT_QUERY_TIMEOUT,
-                shared_connections: 0,
-                batch_size: 1,
-                replay_cache_bytes: 0,
-            };
+            let config = StoreConfig::for_migrations(db.database_url);
             let store = Store::new(&config, Clock::default()).map_err(StartupError::Database)?;
             run_migrations(&store).await.map(|_| ())
         }

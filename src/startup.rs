@@ -46,13 +46,9 @@ pub enum StartupError {
     Reflection(#[from] tonic_reflection::server::Error),
 }
 
-/// Applies pending migrations over one connection of `store`.
+/// Applies pending migrations, and logs what it did.
 pub async fn run_migrations(store: &Store) -> Result<Vec<i32>, StartupError> {
-    let mut client = store
-        .connection(None)
-        .await
-        .map_err(StartupError::Database)?;
-    let applied = migrate::migrate(&mut client).await?;
+    let applied = store.migrate().await?;
     if applied.is_empty() {
         tracing::info!("database schema is current");
     } else {

@@ -24,19 +24,6 @@ pub enum Status {
     FailedPermanent,
 }
 
-impl Status {
-    /// The name stored in the `status` column.
-    pub fn from_stored(name: &str) -> Option<Status> {
-        Some(match name {
-            "PROCESSING" => Status::Processing,
-            "SUCCEEDED" => Status::Succeeded,
-            "FAILED" => Status::Failed,
-            "FAILED_PERMANENT" => Status::FailedPermanent,
-            _ => return None,
-        })
-    }
-}
-
 /// A successful outcome as stored and replayed.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct StoredResult {
@@ -114,21 +101,6 @@ pub enum Decision {
     Exhausted,
 }
 
-impl Decision {
-    /// The name `idempotency_acquire` returns.
-    pub fn from_stored(name: &str) -> Option<Decision> {
-        Some(match name {
-            "PROCEED" => Decision::Proceed,
-            "ALREADY_DONE" => Decision::AlreadyDone,
-            "IN_PROGRESS" => Decision::InProgress,
-            "RETRY_LATER" => Decision::RetryLater,
-            "CONFLICT" => Decision::Conflict,
-            "EXHAUSTED" => Decision::Exhausted,
-            _ => return None,
-        })
-    }
-}
-
 /// An Acquire's answer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Acquired {
@@ -165,20 +137,6 @@ pub enum Refusal {
     AlreadyCompleted,
 }
 
-impl Refusal {
-    /// The outcome names the SQL functions return for refusals; `OK` is none.
-    pub fn from_stored(name: &str) -> Option<Option<Refusal>> {
-        Some(match name {
-            "OK" => None,
-            "NOT_FOUND" => Some(Refusal::NotFound),
-            "LEASE_LOST" => Some(Refusal::LeaseLost),
-            "LEASE_EXPIRED" => Some(Refusal::LeaseExpired),
-            "ALREADY_COMPLETED" => Some(Refusal::AlreadyCompleted),
-            _ => return None,
-        })
-    }
-}
-
 #[derive(Debug, Clone)]
 pub struct AcquireCommand {
     pub id: RecordId,
@@ -201,17 +159,6 @@ pub enum Outcome {
         retry_after: Option<Duration>,
     },
     Release,
-}
-
-impl Outcome {
-    /// The name the `idempotency_complete` function takes.
-    pub fn stored_name(&self) -> &'static str {
-        match self {
-            Outcome::Success(_) => "SUCCESS",
-            Outcome::Failure { .. } => "FAILURE",
-            Outcome::Release => "RELEASE",
-        }
-    }
 }
 
 #[derive(Debug, Clone)]

@@ -319,15 +319,7 @@ mod tests {
     /// The Coordinator over a store that never connects: enough to build
     /// calls' futures without running them.
     fn service() -> CoordinatorService {
-        let config = StoreConfig {
-            database_url: "postgres://nobody@127.0.0.1:1/none".into(),
-            pool_size: 1,
-            connect_wait: Duration::from_secs(1),
-            query_timeout: Duration::from_secs(1),
-            shared_connections: 0,
-            batch_size: 1,
-            replay_cache_bytes: 0,
-        };
+        let config = StoreConfig::for_migrations("postgres://nobody@127.0.0.1:1/none");
         let store = Store::new(&config, Clock::default()).unwrap();
         CoordinatorService::new(
             store.clone(),

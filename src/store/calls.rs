@@ -8,14 +8,19 @@ use tokio_postgres::types::ToSql;
 
 use super::batch::Call;
 use super::mux::Shared;
+use super::names;
 use super::{StoreError, millis};
 use crate::domain::{AcquireCommand, Backoff, CompleteCommand, Outcome};
 
-const ACQUIRE: &str = "SELECT a.decision, a.retry_after_ms, (a.rec).* \
+/// `idempotency_acquire`, its ten arguments bound in `AcquireCall::params`'s
+/// order.
+pub const ACQUIRE: &str = "SELECT a.decision, a.retry_after_ms, (a.rec).* \
      FROM idempotency_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) a";
 const ACQUIRE_BATCH: &str = "SELECT b.ord, b.decision, b.retry_after_ms, (b.rec).* \
      FROM idempotency_acquire_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) b";
-const COMPLETE: &str = "SELECT c.outcome, (c.rec).* \
+/// `idempotency_complete`, its fifteen arguments bound in
+/// `CompleteCall::params`'s order.
+pub const COMPLETE: &str = "SELECT c.outcome, (c.rec).* \
      FROM idempotency_complete($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) c";
 const COMPLETE_BATCH: &str = "SELECT b.ord, b.outcome, (b.rec).* \
      FROM idempotency_complete_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) b";
@@ -131,7 +136,7 @@ impl CompleteCall {
             scope: cmd.id.scope.as_str().to_owned(),
             key: cmd.id.key.as_str().to_owned(),
             token: cmd.token.as_uuid(),
-            outcome: cmd.outcome.stored_name(),
+            outcome: names::outcome(&cmd.outcome),
             result: Vec::new(),
             content_type: String::new(),
             status_code: 0,

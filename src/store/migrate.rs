@@ -10,6 +10,8 @@
 use sha2::{Digest, Sha256};
 use tokio_postgres::Client;
 
+use super::{Store, StoreError};
+
 /// One numbered SQL file.
 pub struct Migration {
     pub version: i32,
@@ -57,6 +59,8 @@ const MIGRATION_LOCK: i64 = 0x6964_656d_6d69_6772;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MigrateError {
+    #[error("cannot reach the database")]
+    Connect(#[source] StoreError),
     #[error("a migration statement failed")]
     Database(#[from] tokio_postgres::Error),
     #[error(
@@ -67,6 +71,15 @@ pub enum MigrateError {
 
 fn checksum(sql: &str) -> String {
     hex::encode(Sha256::digest(sql.as_bytes()))
+}
+
+impl Store {
+    /// Applies the migrations the database lacks over one pooled connection
+    /// (see [`migrate`]).
+    pub async fn migrate(&self) -> Result<Vec<i32>, MigrateError> {
+        let mut client = self.connection(None).await.map_err(MigrateError::Connect)?;
+        migrate(&mut client).await
+    }
 }
 
 /// Applies the migrations the database lacks, in one transaction; returns the

@@ -3,7 +3,7 @@
 
 use tokio_postgres::Row;
 
-use super::StoreError;
+use super::{StoreError, names};
 use crate::domain::{
     DueReason, DueRecord, Fingerprint, Lease, LeaseToken, Record, Status, StoredResult, Tenant,
 };
@@ -15,7 +15,7 @@ fn count(row: &Row, column: &str) -> Result<u32, StoreError> {
 
 pub(super) fn record(row: &Row) -> Result<Record, StoreError> {
     let status: &str = row.try_get("status")?;
-    let status = Status::from_stored(status)
+    let status = names::status(status)
         .ok_or_else(|| StoreError::Corrupt(format!("unknown status {status:?}")))?;
     let fencing_token: i64 = row.try_get("fencing_token")?;
     let fencing_token = u64::try_from(fencing_token)

@@ -1,7 +1,6 @@
 //! Migrations: each applied once, even when replicas start together.
 
 use futures::future::join_all;
-use idempotency_coordinator::config::DEFAULT_QUERY_TIMEOUT;
 use idempotency_coordinator::store::{Clock, Store, StoreConfig, migrate};
 
 use crate::helpers::*;
@@ -9,21 +8,10 @@ use crate::helpers::*;
 #[tokio::test]
 async fn replicas_migrating_at_the_same_moment_apply_each_migration_once() {
     let db = TestDatabase::create().await;
-    let config = StoreConfig {
-        database_url: db.url.clone(),
-        pool_size: 1,
-        connect_wait: std::time::Duration::from_secs(10),
-        query_timeout: DEFAULT_QUERY_TIMEOUT,
-        shared_connections: 0,
-        batch_size: 1,
-        replay_cache_bytes: 0,
-    };
+    let config = StoreConfig::for_migrations(db.url.clone());
     let runs = (0..6).map(|_| {
         let store = Store::new(&config, Clock::default()).unwrap();
-        async move {
-            let mut client = store.connection(None).await.unwrap();
-            migrate::migrate(&mut client).await.expect("migrate")
-        }
+        async move { store.migrate().await.expect("migrate") }
     });
     let applied: Vec<Vec<i32>> = join_all(runs).await;
     let all: Vec<i32> = migrate::MIGRATIONS.iter().map(|m| m.version).collect();

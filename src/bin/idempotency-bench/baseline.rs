@@ -3,24 +3,24 @@
 //! connection per client, for the physical limit the coordinator can at most
 //! match.
 //!
-//! The decision and outcome names come from the library's domain
-//! (`Decision::from_stored`, `Outcome::stored_name`); the statements are
-//! copies, since the store keeps its own (`store::calls`) private.
+//! The statements are the store's own (`store::ACQUIRE_SQL`,
+//! `store::COMPLETE_SQL`), which read back the whole record as the
+//! coordinator does, and so are the decision and outcome names
+//! (`store::names`).
 
 use std::sync::Arc;
 
 use idempotency_coordinator::domain;
 use idempotency_coordinator::proto::Decision;
+use idempotency_coordinator::store::{ACQUIRE_SQL, COMPLETE_SQL, names};
 
-use crate::client::Driver;
-
-/// Statements the direct-SQL baseline runs: the coordinator's own SQL
-/// functions, called the way the store calls them.
-/// Both read back the whole record, as the coordinator does.
-const SQL_ACQUIRE: &str = "SELECT a.decision, a.retry_after_ms, (a.rec).* \
-     FROM idempotency_acquire('default', $1, $2, '', '', 900000, 10, 86400000, 0, 0) a";
-const SQL_COMPLETE: &str = "SELECT c.outcome, (c.rec).* FROM idempotency_complete('default', $1, $2, \
-     $3, $4, $5, 'application/json', 200, '', '', false, NULL, 1000, 3600000, 0) c";
+/// The arguments the bench's Acquires share with the server's defaults:
+/// lease 15 min, 10 attempts, retention 1 day, no wait, no clock offset.
+const LEASE_MS: i64 = 900_000;
+const MAX_ATTEMPTS: i32 = 10;
+const RETENTION_MS: i64 = 86_400_000;
+const BACKOFF_BASE_MS: i64 = 1000;
+const BACKOFF_CAP_MS: i64 = 3_600_000;
 
 /// One direct database connection with its prepared statements.
 pub(crate) struct Sql {
@@ -34,10 +34,24 @@ impl Sql {
     pub(crate) async fn acquire(&self, scope: &str, key: &str) -> (i32, Option<String>) {
         let row = self
             .client
-            .query_one(&self.acquire, &[&scope, &key])
+            .query_one(
+                &self.acquire,
+                &[
+                    &"default",
+                    &scope,
+                    &key,
+                    &"",
+                    &"",
+                    &LEASE_MS,
+                    &MAX_ATTEMPTS,
+                    &RETENTION_MS,
+                    &0i64,
+                    &0i64,
+                ],
+            )
             .await
             .expect("idempotency_acquire");
-        let decision = decision(domain::Decision::from_stored(row.get::<_, &str>(0)));
+        let decision = decision(names::decision(row.get::<_, &str>("decision")));
         let token = (decision == Decision::Proceed)
             .then(|| row.get::<_, uuid::Uuid>("lease_token").to_string());
         (decision as i32, token)
@@ -46,15 +60,33 @@ impl Sql {
     /// Complete with success, or give the key back (`release`).
     pub(crate) async fn complete(&self, scope: &str, key: &str, token: String, release: bool) {
         let token: uuid::Uuid = token.parse().expect("uuid token");
-        let outcome = if release {
+        let outcome = names::outcome(&if release {
             domain::Outcome::Release
         } else {
             domain::Outcome::Success(domain::StoredResult::default())
-        }
-        .stored_name();
+        });
         let result: &[u8] = br#"{"status":"ok"}"#;
         self.client
-            .query_one(&self.complete, &[&scope, &key, &token, &outcome, &result])
+            .query_one(
+                &self.complete,
+                &[
+                    &"default",
+                    &scope,
+                    &key,
+                    &token,
+                    &outcome,
+                    &result,
+                    &"application/json",
+                    &200i32,
+                    &"",
+                    &"",
+                    &false,
+                    &None::<i64>,
+                    &BACKOFF_BASE_MS,
+                    &BACKOFF_CAP_MS,
+                    &0i64,
+                ],
+            )
             .await
             .expect("idempotency_complete");
     }
@@ -74,23 +106,23 @@ fn decision(stored: Option<domain::Decision>) -> Decision {
 }
 
 /// `n` direct connections, each with the statements prepared.
-pub(crate) async fn sql_drivers(url: &str, n: usize) -> Vec<Driver> {
+pub(crate) async fn sql_drivers(url: &str, n: usize) -> Vec<Arc<Sql>> {
     let mut drivers = Vec::with_capacity(n);
     for _ in 0..n {
         let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
             .await
             .expect("connect to the database");
         tokio::spawn(connection);
-        let acquire = client.prepare(SQL_ACQUIRE).await.expect("prepare acquire");
+        let acquire = client.prepare(ACQUIRE_SQL).await.expect("prepare acquire");
         let complete = client
-            .prepare(SQL_COMPLETE)
+            .prepare(COMPLETE_SQL)
             .await
             .expect("prepare complete");
-        drivers.push(Driver::Sql(Arc::new(Sql {
+        drivers.push(Arc::new(Sql {
             client,
             acquire,
             complete,
-        })));
+        }));
     }
     drivers
 }

@@ -127,7 +127,8 @@ async fn main() {
             .database_url
             .as_deref()
             .expect("--baseline-sql needs --database-url (or DATABASE_URL)");
-        Some(baseline::sql_drivers(url, args.clients).await)
+        let sql = baseline::sql_drivers(url, args.clients).await;
+        Some(sql.into_iter().map(Driver::Sql).collect::<Vec<_>>())
     } else {
         None
     };

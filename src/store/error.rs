@@ -1,0 +1,81 @@
+//! Why the store could not answer, and which database errors go away on
+//! their own (UNAVAILABLE, safe to retry) and which do not.
+
+use std::time::Duration;
+
+use tokio_postgres::error::SqlState;
+
+use crate::domain::Refusal;
+
+/// Why the store could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// An expected refusal: the caller must act on it.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    /// No connection could be had in time, or it broke mid-call. Retrying
+    /// later is safe: Acquire with a request_id and Complete are idempotent.
+    #[error("the database is unavailable")]
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The database answered with an error that retrying will not fix.
+    #[error("a database call failed")]
+    Query(#[source] tokio_postgres::Error),
+    /// A row that does not match what the SQL functions promise.
+    #[error("the database returned an unexpected row: {0}")]
+    Corrupt(String),
+    /// The database URL or pool settings cannot be used.
+    #[error("invalid database configuration")]
+    Config(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(error: tokio_postgres::Error) -> Self {
+        if is_transient(&error) {
+            StoreError::Unavailable(Box::new(error))
+        } else {
+            StoreError::Query(error)
+        }
+    }
+}
+
+impl StoreError {
+    /// A deadlock or serialization failure: the statement rolled back whole,
+    /// and running its work again can succeed.
+    pub(super) fn is_conflict(&self) -> bool {
+        let StoreError::Unavailable(source) = self else {
+            return false;
+        };
+        source
+            .downcast_ref::<tokio_postgres::Error>()
+            .and_then(tokio_postgres::Error::as_db_error)
+            .is_some_and(|db| {
+                // Not 40003 (statement completion unknown): that one may
+                // have committed.
+                matches!(
+                    *db.code(),
+                    SqlState::T_R_SERIALIZATION_FAILURE | SqlState::T_R_DEADLOCK_DETECTED
+                )
+            })
+    }
+}
+
+/// Lost connections, server shutdowns and resource exhaustion go away on their
+/// own; anything else is a bug or a broken schema.
+fn is_transient(error: &tokio_postgres::Error) -> bool {
+    if error.is_closed() {
+        return true;
+    }
+    if let Some(db) = error.as_db_error() {
+        let class = &db.code().code()[..2];
+        // 08 connection exception, 53 insufficient resources, 57 operator
+        // intervention (shutdown, terminated backend), 40 serialization
+        // failure or deadlock.
+        return matches!(class, "08" | "53" | "57" | "40");
+    }
+    std::error::Error::source(error).is_some_and(|s| s.is::<std::io::Error>())
+}
+
+/// A statement that got no answer in time.
+#[derive(Debug, thiserror::Error)]
+#[error("the database did not answer within {0:?}")]
+pub struct QueryTimeout(pub(super) Duration);

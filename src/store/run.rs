@@ -1,0 +1,130 @@
+//! How a statement reaches the database: a call's on a shared, pipelined
+//! connection (or queued for a batch), maintenance's on a pooled connection
+//! of its own, each within the query timeout.
+
+use std::future::Future;
+use std::time::Duration;
+
+use deadpool_postgres::{Object, Timeouts};
+use futures_util::future::Either;
+use tokio_postgres::{Row, types::ToSql};
+
+use super::batch::{self, Call};
+use super::error::QueryTimeout;
+use super::{Store, StoreError};
+
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl Store {
+    /// A pooled connection, waiting at most `wait` for one (`None`: the
+    /// configured wait).
+    pub(super) async fn connection(&self, wait: Option<Duration>) -> Result<Object, StoreError> {
+        let wait = wait.unwrap_or(self.connect_wait);
+        let timeouts = Timeouts {
+            wait: Some(wait),
+            create: Some(wait),
+            recycle: Some(wait),
+        };
+        self.pool
+            .timeout_get(&timeouts)
+            .await
+            .map_err(|e| StoreError::Unavailable(Box::new(e)))
+    }
+
+    pub(super) async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        wait: Option<Duration>,
+    ) -> Result<Vec<Row>, StoreError> {
+        let client = self.connection(wait).await?;
+        self.in_time(async {
+            let statement = client.prepare_cached(sql).await?;
+            Ok(client.query(&statement, params).await?)
+        })
+        .await
+    }
+
+    /// `work`, or UNAVAILABLE when it takes longer than the query timeout.
+    pub(super) async fn in_time<T>(
+        &self,
+        work: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        tokio::time::timeout(self.query_timeout, work)
+            .await
+            .unwrap_or_else(|_| {
+                Err(StoreError::Unavailable(Box::new(QueryTimeout(
+                    self.query_timeout,
+                ))))
+            })
+    }
+
+    /// One row of a call's statement: pipelined on a shared connection when
+    /// those are configured, else on a pooled connection of its own.
+    ///
+    /// The statement's future (several KB: connection, timeout, prepare and
+    /// query states) lives on the heap only while the statement runs, so a
+    /// call sleeping in its wait window between statements does not carry it.
+    pub(super) async fn query_one(
+        &self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+        wait: Option<Duration>,
+    ) -> Result<Option<Row>, StoreError> {
+        Box::pin(self.run_query_one(sql, params, wait)).await
+    }
+
+    pub(super) async fn run_query_one(
+        &self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+        wait: Option<Duration>,
+    ) -> Result<Option<Row>, StoreError> {
+        if let Some(mux) = &self.mux {
+            let shared = mux.get(wait.unwrap_or(self.connect_wait)).await?;
+            return self.in_time(shared.query_opt(sql, params)).await;
+        }
+        self.query_one_pooled(sql, params, wait).await
+    }
+
+    /// One of the hot calls: queued for a batch when batching is on, else
+    /// run alone like any other call.
+    ///
+    /// Not an `async fn`, so that the future the caller awaits holds the
+    /// call's arguments only when it runs the statement itself (boxed). A
+    /// batched call is queued when this is called, so await what it returns:
+    /// a queued call whose future is dropped unpolled still runs.
+    pub(super) fn run_call<'a, C: Call>(
+        &'a self,
+        call: C,
+        batch: Option<&batch::Coalescer<C>>,
+        wait: Option<Duration>,
+    ) -> impl Future<Output = Result<Option<Row>, StoreError>> + Send + 'a {
+        match batch {
+            Some(batch) => Either::Left(batch.run(call, wait.unwrap_or(self.connect_wait))),
+            None => Either::Right(Box::pin(async move {
+                let offset = self.clock.offset_ms();
+                self.query_one(C::ALONE, call.params(&offset).as_ref(), wait)
+                    .await
+            })),
+        }
+    }
+
+    /// One row, on a pooled connection of its own: for maintenance, whose
+    /// longer statements must not hold up calls pipelined behind them.
+    pub(super) async fn query_one_pooled(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        wait: Option<Duration>,
+    ) -> Result<Option<Row>, StoreError> {
+        let client = self.connection(wait).await?;
+        self.in_time(async {
+            let statement = client.prepare_cached(sql).await?;
+            Ok(client.query_opt(&statement, params).await?)
+        })
+        .await
+    }
+}

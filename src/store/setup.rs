@@ -1,0 +1,110 @@
+//! Building a store: its configuration, the database URL read once, the
+//! pool, the shared connections and the batch queues.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::NoTls;
+
+use super::calls::{AcquireCall, CompleteCall};
+use super::clock::Clock;
+use super::replays::Replays;
+use super::{Store, StoreError, batch, mux};
+
+/// How the store reaches PostgreSQL.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// A libpq-style URL or key=value string.
+    pub database_url: String,
+    /// Connections kept open at most.
+    pub pool_size: usize,
+    /// How long a call waits for a connection before answering UNAVAILABLE.
+    pub connect_wait: Duration,
+    /// How long one statement may take before the call answers UNAVAILABLE
+    /// (a database that accepts connections but does not answer).
+    pub query_timeout: Duration,
+    /// Connections shared and pipelined by all calls; 0: each call takes a
+    /// pooled connection of its own.
+    pub shared_connections: usize,
+    /// Acquires (or Completes) one statement carries at most, on the shared
+    /// connections; 1: each runs alone.
+    pub batch_size: usize,
+    /// Memory for SUCCEEDED records that replays are answered from; 0: none.
+    pub replay_cache_bytes: u64,
+}
+
+pub(super) struct Batches {
+    pub(super) acquire: batch::Coalescer<AcquireCall>,
+    pub(super) complete: batch::Coalescer<CompleteCall>,
+}
+
+/// Parses a database URL and names our connections in `pg_stat_activity`.
+pub fn pg_config(database_url: &str) -> Result<tokio_postgres::Config, tokio_postgres::Error> {
+    let mut config: tokio_postgres::Config = database_url.parse()?;
+    if config.get_application_name().is_none() {
+        config.application_name("idempotency-coordinator");
+    }
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_secs(5));
+    }
+    Ok(config)
+}
+
+impl Store {
+    /// Builds the pool; connections open on first use, so this succeeds while
+    /// the database is down.
+    pub fn new(config: &StoreConfig, clock: Clock) -> Result<Self, StoreError> {
+        let pg = pg_config(&config.database_url).map_err(|e| StoreError::Config(Box::new(e)))?;
+        let manager = Manager::from_config(
+            pg.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(config.pool_size)
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|e| StoreError::Config(Box::new(e)))?;
+        let mux = (config.shared_connections > 0).then(|| {
+            Arc::new(mux::Mux::new(
+                pg,
+                config.shared_connections,
+                config.query_timeout,
+            ))
+        });
+        let batches = match &mux {
+            Some(mux) if config.batch_size > 1 => {
+                if tokio::runtime::Handle::try_current().is_err() {
+                    return Err(StoreError::Config(
+                        "batching needs a running Tokio runtime".into(),
+                    ));
+                }
+                let settings = || batch::Settings {
+                    mux: Arc::clone(mux),
+                    clock: clock.clone(),
+                    workers: config.shared_connections,
+                    max_batch: config.batch_size,
+                    connect_wait: config.connect_wait,
+                    query_timeout: config.query_timeout,
+                };
+                Some(Arc::new(Batches {
+                    acquire: batch::Coalescer::start(settings()),
+                    complete: batch::Coalescer::start(settings()),
+                }))
+            }
+            _ => None,
+        };
+        Ok(Store {
+            pool,
+            clock,
+            connect_wait: config.connect_wait,
+            query_timeout: config.query_timeout,
+            mux,
+            batches,
+            replays: Replays::new(config.replay_cache_bytes).map(Arc::new),
+        })
+    }
+}
