@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use idempotency_coordinator::config::ServeConfig;
 use idempotency_coordinator::proto;
-use tokio_postgres::{Client, GenericClient};
+use tokio_postgres::{Client, GenericClient, Transaction};
 
 use crate::helpers::*;
 
@@ -119,11 +119,11 @@ async fn put_in(db: &impl GenericClient, key: &str, token: uuid::Uuid, state: St
     }
 }
 
-/// What `idempotency_acquire` alone answers `fingerprint` on `key` now,
-/// leaving the record as it is.
-async fn reference(db: &mut Client, key: &str, fingerprint: &str) -> String {
-    let tx = db.transaction().await.unwrap();
-    let row = tx
+/// What `idempotency_acquire` alone answers `fingerprint` on `key` as `tx`
+/// sees it, leaving the record (and `tx`) as it is.
+async fn reference_in(tx: &mut Transaction<'_>, key: &str, fingerprint: &str) -> String {
+    let probe = tx.savepoint("reference").await.unwrap();
+    let row = probe
         .query_one(
             "SELECT decision FROM idempotency_acquire(
                  'default', 's', $1, $2, '', 60000, 3, 3600000, 0, 0)",
@@ -131,8 +131,17 @@ async fn reference(db: &mut Client, key: &str, fingerprint: &str) -> String {
         )
         .await
         .unwrap();
-    tx.rollback().await.unwrap();
+    probe.rollback().await.unwrap();
     row.get(0)
+}
+
+/// What `idempotency_acquire` alone answers `fingerprint` on `key` now,
+/// leaving the record as it is.
+async fn reference(db: &mut Client, key: &str, fingerprint: &str) -> String {
+    let mut tx = db.transaction().await.unwrap();
+    let answer = reference_in(&mut tx, key, fingerprint).await;
+    tx.rollback().await.unwrap();
+    answer
 }
 
 /// The batch's answer for one call on `key`, leaving the record as it is.
@@ -260,7 +269,7 @@ async fn every_path_answers_what_idempotency_acquire_answers() {
             // One transaction, so that the waiter hears of the change (at
             // commit) only once it is whole, and the reference is read
             // before the waiter can act on it.
-            let tx = sql.transaction().await.unwrap();
+            let mut tx = sql.transaction().await.unwrap();
             put_in(&tx, &key, token, state).await;
             tx.execute(
                 &format!("UPDATE idempotency_keys SET fingerprint = $3 WHERE {WHERE_KEY}"),
@@ -269,18 +278,7 @@ async fn every_path_answers_what_idempotency_acquire_answers() {
             .await
             .unwrap();
             let expected = {
-                let mut tx = tx;
-                let probe = tx.savepoint("reference").await.unwrap();
-                let row = probe
-                    .query_one(
-                        "SELECT decision FROM idempotency_acquire(
-                             'default', 's', $1, $2, '', 60000, 3, 3600000, 0, 0)",
-                        &[&key, &CREATED_WITH],
-                    )
-                    .await
-                    .unwrap();
-                probe.rollback().await.unwrap();
-                let expected: String = row.get(0);
+                let expected = reference_in(&mut tx, &key, CREATED_WITH).await;
                 tx.execute(
                     &format!(
                         "SELECT idempotency_notify_if_watched(k, now()) FROM idempotency_keys k WHERE {WHERE_KEY}"

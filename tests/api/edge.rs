@@ -21,6 +21,20 @@ fn token_file() -> TokenFile {
     TokenFile::new(&format!("{TOKEN} edge\n"))
 }
 
+/// A fresh client with [`TOKEN`] is served: its Acquire on `key` PROCEEDs.
+async fn assert_an_authenticated_call_proceeds(server: &ServerProcess, key: &str) {
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let bearer = Bearer(format!("Bearer {TOKEN}").parse().unwrap());
+    let mut client =
+        proto::coordinator_client::CoordinatorClient::with_interceptor(channel, bearer);
+    let answer = client.acquire(acquire("s", key)).await.unwrap();
+    assert_eq!(decision(&answer.into_inner()), proto::Decision::Proceed);
+}
+
 /// A raw HTTP/2 connection and the task that drives it (it ends when the
 /// server closes the connection).
 struct H2 {
@@ -218,16 +232,7 @@ async fn a_slow_authenticated_body_is_cut_off_and_an_oversized_one_refused_at_it
     assert!(message.contains("--max-request-bytes"), "{message}");
 
     // The connection still serves whole requests.
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let bearer = Bearer(format!("Bearer {TOKEN}").parse().unwrap());
-    let mut client =
-        proto::coordinator_client::CoordinatorClient::with_interceptor(channel, bearer);
-    let answer = client.acquire(acquire("s", "after")).await.unwrap();
-    assert_eq!(decision(&answer.into_inner()), proto::Decision::Proceed);
+    assert_an_authenticated_call_proceeds(&server, "after").await;
 }
 
 #[tokio::test]
@@ -558,14 +563,5 @@ async fn streams_anyone_may_open_cannot_take_the_room_of_coordinator_calls() {
         watching.len()
     );
     // Coordinator calls still have all their room.
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let bearer = Bearer(format!("Bearer {TOKEN}").parse().unwrap());
-    let mut client =
-        proto::coordinator_client::CoordinatorClient::with_interceptor(channel, bearer);
-    let answer = client.acquire(acquire("s", "room")).await.unwrap();
-    assert_eq!(decision(&answer.into_inner()), proto::Decision::Proceed);
+    assert_an_authenticated_call_proceeds(&server, "room").await;
 }
