@@ -105,9 +105,17 @@ pub enum Command {
 
 #[derive(Debug, Clone, Args)]
 pub struct DatabaseArgs {
-    /// PostgreSQL connection URL, e.g. postgres://user@host:5432/db.
+    /// PostgreSQL connection URL, e.g. postgres://user@host:5432/db. Without
+    /// it, a private PostgreSQL is started in --data-dir (local development
+    /// only).
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
+    pub database_url: Option<String>,
+
+    /// Where the private PostgreSQL keeps its data when no --database-url is
+    /// given [default: ~/.local/share/idempotency-coordinator, or
+    /// /var/lib/idempotency-coordinator for root].
+    #[arg(long, env = "IDEMPOTENCY_DATA_DIR", conflicts_with = "database_url")]
+    pub data_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -447,7 +455,7 @@ impl From<ServeArgs> for ServeConfig {
         ServeConfig {
             listen: a.listen,
             store: StoreConfig {
-                database_url: a.database.database_url,
+                database_url: a.database.database_url.unwrap_or_default(),
                 pool_size: a.pool_size,
                 connect_wait: a.connect_wait.into(),
                 query_timeout: a.query_timeout.into(),

@@ -35,6 +35,8 @@
 //!   only source of a request's tenant. `transport` asks it on the headers
 //!   and hands the caller to `service` in the request's extensions.
 //! - [`config`]: flags with environment fallbacks, defaults in one place.
+//! - [`embedded`]: the private PostgreSQL that `serve` and `migrate` start in
+//!   `--data-dir` when no database URL is given (local development).
 //! - [`transport`]: the network edge, where no caller is trusted yet: the
 //!   one accept loop (connection cap, handshake time limit, back-off when
 //!   descriptors run out), HTTP/2 connections (keepalive, idle timeout), and
@@ -61,6 +63,7 @@
 pub mod auth;
 pub mod config;
 pub mod domain;
+pub mod embedded;
 pub mod error;
 pub mod notify;
 pub mod recovery;

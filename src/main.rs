@@ -1,10 +1,12 @@
 //! `idempotency-coordinator serve | migrate`: parse the configuration, set up
-//! logging, build, run until SIGTERM or SIGINT.
+//! logging, start the private PostgreSQL when no database URL is given,
+//! build, run until SIGTERM or SIGINT, stop the private PostgreSQL.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use idempotency_coordinator::config::{Cli, Command, ServeConfig};
+use idempotency_coordinator::config::{Cli, Command, DatabaseArgs, ServeConfig};
+use idempotency_coordinator::embedded::{self, Embedded};
 use idempotency_coordinator::error::cause_chain;
 use idempotency_coordinator::startup::{Application, StartupError, run_migrations};
 use idempotency_coordinator::store::{Clock, Store, StoreConfig};
@@ -28,16 +30,44 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 static MALLOC_CONF: &u8 =
     &b"background_thread:true,narenas:1,lg_tcache_max:10,dirty_decay_ms:500,muzzy_decay_ms:0\0"[0];
 
+/// The database URL given, or a private PostgreSQL started for this run.
+async fn database(db: &DatabaseArgs) -> Result<(String, Option<Embedded>), StartupError> {
+    if let Some(url) = &db.database_url {
+        return Ok((url.clone(), None));
+    }
+    let data_dir = db
+        .data_dir
+        .clone()
+        .unwrap_or_else(embedded::default_data_dir);
+    let embedded = Embedded::start(&data_dir).await?;
+    Ok((embedded.database_url(), Some(embedded)))
+}
+
 async fn run(cli: Cli) -> Result<(), StartupError> {
     match cli.command {
-        Command::Serve(args) => {
-            let app = Application::build(ServeConfig::from(*args)).await?;
-            app.run_until(shutdown::signal()).await
+        Command::Serve(mut args) => {
+            let (url, embedded) = database(&args.database).await?;
+            args.database.database_url = Some(url);
+            let served = match Application::build(ServeConfig::from(*args)).await {
+                Ok(app) => app.run_until(shutdown::signal()).await,
+                Err(e) => Err(e),
+            };
+            if let Some(embedded) = embedded {
+                embedded.stop().await;
+            }
+            served
         }
         Command::Migrate(db) => {
-            let config = StoreConfig::for_migrations(db.database_url);
-            let store = Store::new(&config, Clock::default()).map_err(StartupError::Database)?;
-            run_migrations(&store).await.map(|_| ())
+            let (url, embedded) = database(&db).await?;
+            let config = StoreConfig::for_migrations(url);
+            let migrated = match Store::new(&config, Clock::default()) {
+                Ok(store) => run_migrations(&store).await.map(|_| ()),
+                Err(e) => Err(StartupError::Database(e)),
+            };
+            if let Some(embedded) = embedded {
+                embedded.stop().await;
+            }
+            migrated
         }
     }
 }

@@ -30,6 +30,8 @@ pub enum StartupError {
     Config(String),
     #[error("cannot reach the database to migrate it")]
     Database(#[source] StoreError),
+    #[error("cannot start the private PostgreSQL")]
+    Embedded(#[from] crate::embedded::EmbeddedError),
     #[error("cannot read the credentials file")]
     Credentials(#[from] CredentialsError),
     #[error("cannot set up TLS")]

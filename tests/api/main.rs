@@ -9,6 +9,7 @@ mod concurrency;
 mod conformance;
 mod due;
 mod edge;
+mod embedded;
 mod extend_lease;
 mod get;
 mod grpcurl;

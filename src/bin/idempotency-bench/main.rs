@@ -67,9 +67,14 @@ struct Args {
     #[arg(long, default_value_t = 100_000)]
     expired: u32,
     /// The server's database, for scenarios that prepare data in it and for
-    /// the direct-SQL baseline.
+    /// the direct-SQL baseline [default: the private PostgreSQL of a server
+    /// started without one, in --data-dir].
     #[arg(long, env = "DATABASE_URL")]
     database_url: Option<String>,
+    /// The data dir of a server started without a database URL [default:
+    /// the server's default].
+    #[arg(long, env = "IDEMPOTENCY_DATA_DIR", conflicts_with = "database_url")]
+    data_dir: Option<std::path::PathBuf>,
     /// Also run `cycle`, `replay` and `contend` directly against PostgreSQL
     /// (the same SQL functions, prepared, one connection per client) and
     /// report the coordinator's throughput as a ratio of that.
@@ -86,6 +91,20 @@ struct Args {
     /// reports the server's resident memory while every waiter is parked.
     #[arg(long)]
     server_pid: Option<u32>,
+}
+
+impl Args {
+    /// The server's database: the URL given, or the socket of the private
+    /// PostgreSQL in the data dir, as the server itself defaults to.
+    pub(crate) fn database(&self) -> String {
+        self.database_url.clone().unwrap_or_else(|| {
+            let dir = self
+                .data_dir
+                .clone()
+                .unwrap_or_else(idempotency_coordinator::embedded::default_data_dir);
+            idempotency_coordinator::embedded::database_url(&dir)
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -123,11 +142,7 @@ async fn main() {
     );
     let grpc: Vec<Driver> = clients.iter().cloned().map(Driver::Grpc).collect();
     let sql = if args.baseline_sql {
-        let url = args
-            .database_url
-            .as_deref()
-            .expect("--baseline-sql needs --database-url (or DATABASE_URL)");
-        let sql = baseline::sql_drivers(url, args.clients).await;
+        let sql = baseline::sql_drivers(&args.database(), args.clients).await;
         Some(sql.into_iter().map(Driver::Sql).collect::<Vec<_>>())
     } else {
         None

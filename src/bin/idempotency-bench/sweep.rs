@@ -24,11 +24,8 @@ const INSERT_EXPIRED: &str = "
       FROM generate_series(1, $2::integer) AS i";
 
 pub(crate) async fn sweep_under_load(args: &Args, clients: &[Client], run: &str) {
-    let url = args
-        .database_url
-        .as_deref()
-        .expect("the sweep scenario needs --database-url (or DATABASE_URL)");
-    let (db, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+    let url = args.database();
+    let (db, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
         .await
         .expect("connect to the database");
     tokio::spawn(connection);

@@ -25,6 +25,9 @@ pub struct Launch<'a> {
     pub env: &'a [(&'a str, &'a str)],
     /// The server's open file limit (soft and hard), when set.
     pub open_files: Option<u64>,
+    /// Run on the private PostgreSQL in this data dir, with no database URL
+    /// (the `database_url` argument is then ignored).
+    pub data_dir: Option<&'a std::path::Path>,
 }
 
 impl ServerProcess {
@@ -41,7 +44,6 @@ impl ServerProcess {
             tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"));
         command
             .args(["--log-format", "json", "serve", "--listen", "127.0.0.1:0"])
-            .args(["--database-url", database_url])
             .args(extra)
             .env_remove("RUST_LOG")
             .envs(launch.env.iter().copied())
@@ -49,6 +51,17 @@ impl ServerProcess {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
+        match launch.data_dir {
+            Some(dir) => {
+                command
+                    .arg("--data-dir")
+                    .arg(dir)
+                    .env_remove("DATABASE_URL");
+            }
+            None => {
+                command.args(["--database-url", database_url]);
+            }
+        }
         if let Some(files) = launch.open_files {
             // SAFETY: setrlimit is async-signal-safe and touches no memory
             // of the parent.
@@ -110,6 +123,13 @@ impl ServerProcess {
             .status()
             .expect("run kill");
         assert!(sent.success(), "kill -{signal} {pid}");
+    }
+
+    /// Kills the process with SIGKILL (no chance to clean up) and waits
+    /// for it to be gone.
+    pub async fn kill(mut self) {
+        self.signal("KILL");
+        let _ = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await;
     }
 
     /// Sends SIGTERM (as Kubernetes does) and waits for the process to

@@ -1,0 +1,388 @@
+//! The private PostgreSQL of local development: with no `--database-url`,
+//! `serve` and `migrate` start a real PostgreSQL of their own in
+//! `--data-dir`, with the same `sql/` migrations, and stop it when they stop.
+//!
+//! - The binaries are the machine's: `pg_config --bindir`, Debian's
+//!   `/usr/lib/postgresql/<version>/bin` (the newest), or `PATH`.
+//! - The database listens on a Unix socket in the data dir only, never on a
+//!   TCP address, and trusts local connections: it is reachable by this
+//!   machine's users who can enter the data dir, which only its owner can.
+//! - PostgreSQL refuses to run as root (as containers and CI do): then it
+//!   runs as `nobody`, which owns the database files, and the default data
+//!   dir is `/var/lib/idempotency-coordinator`, which `nobody` can reach.
+//! - One coordinator at a time: a lock on `coordinator.lock` in the data dir
+//!   refuses a second one at once, naming the data dir.
+//! - The database dies with its coordinator (the kernel sends it SIGINT, a
+//!   fast shutdown, when the coordinator exits, even by SIGKILL), and a
+//!   start that finds a database of an earlier coordinator of the same data
+//!   dir still shutting down waits for it.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::process::{Child, Command};
+
+/// The database the coordinator's tables live in.
+const DATABASE: &str = "idempotency";
+/// How long PostgreSQL may take to start, or to stop.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum EmbeddedError {
+    #[error(
+        "no PostgreSQL server binaries found (looked at `pg_config --bindir`, /usr/lib/postgresql/*/bin and PATH for initdb and postgres): install PostgreSQL (e.g. `apt-get install postgresql`), or pass --database-url (or DATABASE_URL) to use a PostgreSQL of your own"
+    )]
+    NoBinaries,
+    #[error(
+        "the data dir {0} is in use by another idempotency-coordinator; stop it, or pass another --data-dir"
+    )]
+    InUse(PathBuf),
+    #[error("cannot prepare the data dir {path}")]
+    DataDir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("running as root, PostgreSQL runs as the user `nobody`, which this machine lacks")]
+    NoUnprivilegedUser,
+    #[error("`{command}` failed ({status}); see {log}")]
+    Command {
+        command: String,
+        status: String,
+        log: PathBuf,
+    },
+    #[error("cannot run {0}")]
+    Spawn(String, #[source] io::Error),
+    #[error("PostgreSQL did not accept connections within {0:?}; see {1}")]
+    NotReady(Duration, PathBuf),
+    #[error("cannot create the database {DATABASE}")]
+    CreateDatabase(#[source] tokio_postgres::Error),
+}
+
+/// The default data dir: the user's data directory, or for root (whose home
+/// the unprivileged database user cannot enter) under `/var/lib`.
+pub fn default_data_dir() -> PathBuf {
+    if running_as_root() {
+        return PathBuf::from("/var/lib/idempotency-coordinator");
+    }
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("idempotency-coordinator")
+}
+
+/// The connection string of the database in `data_dir` (its socket),
+/// for clients such as the benchmark.
+pub fn database_url(data_dir: &Path) -> String {
+    format!(
+        "host={} user=postgres dbname={DATABASE}",
+        socket_dir(data_dir).display()
+    )
+}
+
+fn socket_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("socket")
+}
+
+fn running_as_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The user PostgreSQL runs as when this process is root.
+fn nobody() -> Option<(u32, u32)> {
+    let name = c"nobody";
+    // SAFETY: getpwnam reads a static NUL-terminated name; the returned
+    // record is read at once, before any other call could reuse it.
+    unsafe {
+        let entry = libc::getpwnam(name.as_ptr());
+        (!entry.is_null()).then(|| ((*entry).pw_uid, (*entry).pw_gid))
+    }
+}
+
+/// Where `initdb` and `postgres` are.
+fn find_binaries() -> Option<PathBuf> {
+    let has_both = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
+    let from_pg_config = std::process::Command::new("pg_config")
+        .arg("--bindir")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    let mut debian: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("bin"))
+        .collect();
+    // Newest first: directories are named by major version.
+    debian.sort_by_key(|p| {
+        std::cmp::Reverse(
+            p.parent()
+                .and_then(|v| v.file_name())
+                .and_then(|v| v.to_str())
+                .and_then(|v| v.parse::<u32>().ok())
+                .unwrap_or(0),
+        )
+    });
+    let on_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
+    from_pg_config
+        .into_iter()
+        .chain(debian)
+        .chain(on_path)
+        .find(|dir| has_both(dir))
+}
+
+/// A running private PostgreSQL.
+pub struct Embedded {
+    data_dir: PathBuf,
+    postmaster: Child,
+    /// Held for as long as this coordinator uses the data dir.
+    _lock: File,
+}
+
+impl Embedded {
+    /// Starts the database in `data_dir`, creating it on first use, and
+    /// returns once it accepts connections and has the coordinator's
+    /// database.
+    pub async fn start(data_dir: &Path) -> Result<Embedded, EmbeddedError> {
+        let started = Instant::now();
+        let dir_error = |source| EmbeddedError::DataDir {
+            path: data_dir.to_owned(),
+            source,
+        };
+        std::fs::create_dir_all(data_dir).map_err(dir_error)?;
+        let data_dir = data_dir.canonicalize().map_err(dir_error)?;
+        let dir_error = |source| EmbeddedError::DataDir {
+            path: data_dir.clone(),
+            source,
+        };
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(data_dir.join("coordinator.lock"))
+            .map_err(dir_error)?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(EmbeddedError::InUse(data_dir));
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(dir_error(e)),
+        }
+        let bin = find_binaries().ok_or(EmbeddedError::NoBinaries)?;
+        let owner = if running_as_root() {
+            Some(nobody().ok_or(EmbeddedError::NoUnprivilegedUser)?)
+        } else {
+            None
+        };
+        let pgdata = data_dir.join("postgres");
+        let socket = socket_dir(&data_dir);
+        let log = data_dir.join("postgres.log");
+        for dir in [&pgdata, &socket] {
+            std::fs::create_dir_all(dir).map_err(dir_error)?;
+            set_private(dir, owner).map_err(dir_error)?;
+        }
+        let log_file = || -> Result<File, EmbeddedError> {
+            let file = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log)
+                .map_err(dir_error)?;
+            if let Some((uid, gid)) = owner {
+                std::os::unix::fs::chown(&log, Some(uid), Some(gid)).map_err(dir_error)?;
+            }
+            Ok(file)
+        };
+
+        if !pgdata.join("PG_VERSION").exists() {
+            tracing::info!(data_dir = %pgdata.display(), "creating the database files");
+            let mut initdb = command(&bin, "initdb", owner);
+            initdb
+                .args(["--pgdata"])
+                .arg(&pgdata)
+                .args([
+                    "--username=postgres",
+                    "--auth=trust",
+                    "--encoding=UTF8",
+                    "--locale=C",
+                ])
+                .stdout(log_file()?)
+                .stderr(log_file()?);
+            let status = initdb
+                .status()
+                .await
+                .map_err(|e| EmbeddedError::Spawn("initdb".into(), e))?;
+            if !status.success() {
+                return Err(EmbeddedError::Command {
+                    command: "initdb".into(),
+                    status: status.to_string(),
+                    log,
+                });
+            }
+        }
+        wait_for_earlier_postmaster(&pgdata).await;
+
+        let mut postgres = command(&bin, "postgres", owner);
+        postgres
+            .arg("-D")
+            .arg(&pgdata)
+            .arg("-k")
+            .arg(&socket)
+            .args([
+                "-c",
+                "listen_addresses=",
+                "-c",
+                "unix_socket_permissions=0700",
+            ])
+            .stdout(log_file()?)
+            .stderr(log_file()?);
+        // SAFETY: prctl is async-signal-safe. It runs after the user change,
+        // which would otherwise clear it: the database gets SIGINT (a fast
+        // shutdown) when this process ends, however it ends.
+        unsafe {
+            postgres.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGINT) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut postmaster = postgres
+            .spawn()
+            .map_err(|e| EmbeddedError::Spawn("postgres".into(), e))?;
+
+        let url = format!("host={} user=postgres dbname=postgres", socket.display());
+        let deadline = Instant::now() + START_TIMEOUT;
+        let admin = loop {
+            if let Ok(Some(status)) = postmaster.try_wait() {
+                return Err(EmbeddedError::Command {
+                    command: "postgres".into(),
+                    status: status.to_string(),
+                    log,
+                });
+            }
+            if let Ok((client, connection)) =
+                tokio_postgres::connect(&url, tokio_postgres::NoTls).await
+            {
+                tokio::spawn(connection);
+                break client;
+            }
+            if Instant::now() > deadline {
+                let _ = postmaster.start_kill();
+                return Err(EmbeddedError::NotReady(START_TIMEOUT, log));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let exists = admin
+            .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&DATABASE])
+            .await
+            .map_err(EmbeddedError::CreateDatabase)?
+            .is_some();
+        if !exists {
+            admin
+                .batch_execute(&format!("CREATE DATABASE {DATABASE}"))
+                .await
+                .map_err(EmbeddedError::CreateDatabase)?;
+        }
+        tracing::warn!(
+            data_dir = %data_dir.display(),
+            took = ?started.elapsed(),
+            "running on a private PostgreSQL in the data dir: for local development only; production passes --database-url"
+        );
+        Ok(Embedded {
+            data_dir,
+            postmaster,
+            _lock: lock,
+        })
+    }
+
+    /// The connection string of the coordinator's database.
+    pub fn database_url(&self) -> String {
+        database_url(&self.data_dir)
+    }
+
+    /// Stops the database (fast shutdown: sessions end, data is flushed) and
+    /// waits for it to exit.
+    pub async fn stop(mut self) {
+        if let Some(pid) = self.postmaster.id() {
+            signal(pid, libc::SIGINT);
+        }
+        match tokio::time::timeout(STOP_TIMEOUT, self.postmaster.wait()).await {
+            Ok(_) => tracing::info!("private PostgreSQL stopped"),
+            Err(_) => {
+                tracing::warn!("private PostgreSQL did not stop in time; killing it");
+                let _ = self.postmaster.kill().await;
+            }
+        }
+    }
+}
+
+fn signal(pid: u32, signal: libc::c_int) {
+    if let Ok(pid) = libc::pid_t::try_from(pid) {
+        // SAFETY: kill has no memory effects; a stale pid at worst fails.
+        unsafe {
+            libc::kill(pid, signal);
+        }
+    }
+}
+
+/// `name` from `bin`, run as `owner` when given.
+fn command(bin: &Path, name: &str, owner: Option<(u32, u32)>) -> Command {
+    let mut command = Command::new(bin.join(name));
+    command.stdin(Stdio::null()).kill_on_drop(false);
+    if let Some((uid, gid)) = owner {
+        command.uid(uid).gid(gid).env("HOME", "/");
+    }
+    command
+}
+
+/// Mode 0700, owned by `owner` when given, as PostgreSQL requires of its
+/// data directory.
+fn set_private(dir: &Path, owner: Option<(u32, u32)>) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::chown(dir, Some(uid), Some(gid))?;
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
+
+/// A coordinator of this data dir that ended (by SIGKILL, say) may have left
+/// its database shutting down: wait for that one to finish, so that this
+/// start does not find its lock file taken.
+async fn wait_for_earlier_postmaster(pgdata: &Path) {
+    let Some(pid) = std::fs::read_to_string(pgdata.join("postmaster.pid"))
+        .ok()
+        .and_then(|text| text.lines().next()?.trim().parse::<u32>().ok())
+    else {
+        return;
+    };
+    // Ours only if its command line names this data dir (`postgres -D …`):
+    // the pid may have been reused by any other process since.
+    let ours = pgdata.to_string_lossy().into_owned();
+    let is_postgres = |pid: u32| {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(&ours))
+    };
+    if !is_postgres(pid) {
+        // Stale: PostgreSQL removes it itself when the pid is not running.
+        return;
+    }
+    tracing::info!(
+        pid,
+        "waiting for the database of an earlier coordinator to stop"
+    );
+    signal(pid, libc::SIGINT);
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    while is_postgres(pid) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
