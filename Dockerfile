@@ -37,6 +37,9 @@ COPY --from=build /idempotency-coordinator /usr/local/bin/idempotency-coordinato
 # distroless's nonroot user, by number so that Kubernetes can check runAsNonRoot.
 USER 65532:65532
 EXPOSE 50051
+# Ready while the server answers its own readiness check (no shell here).
+HEALTHCHECK --interval=5s --timeout=6s --retries=3 \
+    CMD ["/usr/local/bin/idempotency-coordinator", "health"]
 # The server drains on SIGTERM (readiness first, then calls in flight).
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["/usr/local/bin/idempotency-coordinator"]

@@ -101,6 +101,20 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Apply pending database migrations, then exit.
     Migrate(DatabaseArgs),
+    /// Ask a running server's health service; exit 0 when SERVING (for
+    /// container health checks, where the image has no shell or grpcurl).
+    Health(HealthArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct HealthArgs {
+    /// The server's gRPC address (plaintext).
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    pub target: String,
+    /// The health service to ask: `idempotency.v1.Coordinator` is readiness
+    /// (the database answers), `""` liveness.
+    #[arg(long, default_value = "idempotency.v1.Coordinator")]
+    pub service: String,
 }
 
 #[derive(Debug, Clone, Args)]

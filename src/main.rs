@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use idempotency_coordinator::config::{Cli, Command, DatabaseArgs, ServeConfig};
+use idempotency_coordinator::config::{Cli, Command, DatabaseArgs, HealthArgs, ServeConfig};
 use idempotency_coordinator::embedded::{self, Embedded};
 use idempotency_coordinator::error::cause_chain;
 use idempotency_coordinator::startup::{Application, StartupError, run_migrations};
@@ -43,6 +43,34 @@ async fn database(db: &DatabaseArgs) -> Result<(String, Option<Embedded>), Start
     Ok((embedded.database_url(), Some(embedded)))
 }
 
+/// Asks a server's health service once, within a few seconds.
+async fn health(args: &HealthArgs) -> Result<(), StartupError> {
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let unhealthy =
+        |why: String| StartupError::Config(format!("{} is not serving: {why}", args.target));
+    let check = async {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", args.target))
+            .map_err(|e| unhealthy(e.to_string()))?
+            .connect()
+            .await
+            .map_err(|e| unhealthy(cause_chain(&e)))?;
+        let answer = HealthClient::new(channel)
+            .check(HealthCheckRequest {
+                service: args.service.clone(),
+            })
+            .await
+            .map_err(|status| unhealthy(status.message().to_owned()))?
+            .into_inner();
+        match answer.status() {
+            tonic_health::pb::health_check_response::ServingStatus::Serving => Ok(()),
+            other => Err(unhealthy(other.as_str_name().to_owned())),
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(5), check)
+        .await
+        .unwrap_or_else(|_| Err(unhealthy("no answer within 5 s".to_owned())))
+}
+
 async fn run(cli: Cli) -> Result<(), StartupError> {
     match cli.command {
         Command::Serve(mut args) => {
@@ -57,6 +85,7 @@ async fn run(cli: Cli) -> Result<(), StartupError> {
             }
             served
         }
+        Command::Health(args) => health(&args).await,
         Command::Migrate(db) => {
             let (url, embedded) = database(&db).await?;
             let config = StoreConfig::for_migrations(url);

@@ -30,6 +30,8 @@ pub enum StartupError {
     Config(String),
     #[error("cannot reach the database to migrate it")]
     Database(#[source] StoreError),
+    #[error("{0}")]
+    Unhealthy(String),
     #[error("cannot start the private PostgreSQL")]
     Embedded(#[from] crate::embedded::EmbeddedError),
     #[error("cannot read the credentials file")]

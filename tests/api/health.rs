@@ -130,3 +130,31 @@ async fn on_shutdown_readiness_turns_not_serving_while_calls_are_still_answered(
     proceed(&mut c, acquire("s", "during-drain")).await;
     stopped.abort();
 }
+
+#[tokio::test]
+async fn the_health_command_exits_zero_only_while_the_server_is_ready() {
+    let db = TestDatabase::create().await;
+    let server = ServerProcess::start(&db.url).await;
+    let health = |target: String| async move {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"))
+            .args(["health", "--target", &target])
+            .output()
+            .await
+            .expect("run the health command")
+    };
+    let ready = eventually("readiness", std::time::Duration::from_secs(10), || {
+        let target = server.addr.to_string();
+        async move {
+            let out = health(target).await;
+            out.status.success().then_some(out)
+        }
+    })
+    .await;
+    assert!(ready.status.success());
+    let addr = server.addr;
+    assert!(server.terminate().await.success());
+    let gone = health(addr.to_string()).await;
+    assert!(!gone.status.success());
+    let said = String::from_utf8_lossy(&gone.stderr);
+    assert!(said.contains("is not serving"), "{said}");
+}
