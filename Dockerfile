@@ -7,7 +7,8 @@
 # The image holds the server alone: it needs --database-url (or
 # DATABASE_URL); the private PostgreSQL of local development is not in it.
 
-FROM rust:1.95-slim-bookworm AS build
+# The full image, not -slim: jemalloc's build needs make.
+FROM rust:1.95-bookworm AS build
 WORKDIR /src
 
 # Dependencies first, in a layer of their own that stays cached while only
