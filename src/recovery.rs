@@ -110,6 +110,7 @@ impl Webhook {
 }
 
 async fn deliver(config: WebhookConfig, mut records: mpsc::Receiver<DueRecord>) {
+    crate::tls::install_crypto_provider();
     let client = match reqwest::Client::builder().timeout(config.timeout).build() {
         Ok(client) => client,
         Err(e) => {

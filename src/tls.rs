@@ -11,6 +11,14 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
 
+/// Makes ring the process's rustls crypto provider, for the HTTP clients
+/// that leave the choice to the process (the webhook's, and the download of
+/// PostgreSQL's binaries). Idempotent.
+pub fn install_crypto_provider() {
+    // An error only says a provider is installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// Where the server's certificate, key and (for mutual TLS) client CA live.
 #[derive(Debug, Clone)]
 pub struct TlsFiles {
