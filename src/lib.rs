@@ -54,7 +54,7 @@
 //! - [`telemetry`]: logging set-up.
 //!
 //! Dependencies point one way: `service` uses `domain`, `store`, `notify`
-//! and `error` (and `transport`'s reading of the deadline header);
+//! and `error` (and the caller's deadline as `transport` read it);
 //! `notify` uses `domain` and `store`; `transport` uses `auth`, `error` and
 //! `tls`, and reaches the services only as the routes `startup` hands it;
 //! `error` uses `domain`, `auth` and `store`; `store` uses `domain` only;

@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 use crate::auth::{Authenticator, Caller};
@@ -29,6 +28,7 @@ use crate::proto::acquire_request::RequestFingerprint;
 use crate::proto::coordinator_server::Coordinator;
 use crate::store::Store;
 use crate::sweeper::Sweeper;
+use crate::transport::CallDeadline;
 
 /// The Coordinator service, one per server; cheap to share.
 #[derive(Clone)]
@@ -76,9 +76,13 @@ impl CoordinatorService {
     }
 }
 
-/// How long the caller is prepared to wait, from its `grpc-timeout` header.
-fn call_budget(metadata: &MetadataMap) -> Option<Duration> {
-    crate::transport::grpc_timeout(metadata.as_ref())
+/// How long the caller is prepared to wait: the `grpc-timeout` admission
+/// read from the call's headers.
+fn call_budget<T>(request: &Request<T>) -> Option<Duration> {
+    request
+        .extensions()
+        .get::<CallDeadline>()
+        .map(|deadline| deadline.0)
 }
 
 impl CoordinatorService {
@@ -142,7 +146,7 @@ impl Coordinator for CoordinatorService {
         'life0: 'async_trait,
         Self: 'async_trait,
     {
-        let budget = call_budget(request.metadata());
+        let budget = call_budget(&request);
         let caller = match self.caller(&request) {
             Ok(caller) => caller,
             Err(e) => return Box::pin(std::future::ready(Err(e.into()))),
@@ -170,7 +174,7 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<proto::CompleteRequest>,
     ) -> Result<Response<proto::CompleteResponse>, Status> {
-        let budget = call_budget(request.metadata());
+        let budget = call_budget(&request);
         let cmd = decode::complete(
             self.caller(&request)?.tenant,
             request.into_inner(),
@@ -190,7 +194,7 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<proto::ExtendLeaseRequest>,
     ) -> Result<Response<proto::ExtendLeaseResponse>, Status> {
-        let budget = call_budget(request.metadata());
+        let budget = call_budget(&request);
         let cmd = decode::extend_lease(
             self.caller(&request)?.tenant,
             request.into_inner(),
@@ -210,7 +214,7 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<proto::GetRequest>,
     ) -> Result<Response<proto::GetResponse>, Status> {
-        let budget = call_budget(request.metadata());
+        let budget = call_budget(&request);
         let id = decode::get(self.caller(&request)?.tenant, request.into_inner())?;
         let record = self
             .store
@@ -228,7 +232,7 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<proto::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let budget = call_budget(request.metadata());
+        let budget = call_budget(&request);
         let (id, asked) = decode::watch(
             self.caller(&request)?.tenant,
             request.into_inner(),
@@ -359,18 +363,12 @@ mod tests {
     }
 
     #[test]
-    fn grpc_timeouts_are_read_in_every_unit() {
-        let mut m = MetadataMap::new();
-        for (value, expected) in [
-            ("2S", Duration::from_secs(2)),
-            ("150m", Duration::from_millis(150)),
-            ("1H", Duration::from_secs(3600)),
-            ("5u", Duration::from_micros(5)),
-        ] {
-            m.insert("grpc-timeout", value.parse().unwrap());
-            assert_eq!(call_budget(&m), Some(expected), "{value}");
-        }
-        m.insert("grpc-timeout", "x".parse().unwrap());
-        assert_eq!(call_budget(&m), None);
+    fn the_budget_is_the_deadline_admission_read() {
+        let mut request = Request::new(());
+        assert_eq!(call_budget(&request), None);
+        request
+            .extensions_mut()
+            .insert(CallDeadline(Duration::from_millis(150)));
+        assert_eq!(call_budget(&request), Some(Duration::from_millis(150)));
     }
 }

@@ -56,7 +56,7 @@ fn service_of(path: &str) -> Service {
 
 /// How long the caller is prepared to wait, from its `grpc-timeout` header
 /// (`<digits><unit>` as the gRPC HTTP/2 protocol defines it).
-pub fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
+fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
     let value = headers.get("grpc-timeout")?.to_str().ok()?;
     let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
     if digits.is_empty() || digits.len() > 8 {
@@ -73,6 +73,11 @@ pub fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
         _ => return None,
     })
 }
+
+/// The caller's deadline, read once from `grpc-timeout` by admission and
+/// handed to the service in the request's extensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallDeadline(pub Duration);
 
 /// The bytes a call's headers take, as HTTP/2 counts them against its
 /// header list limit (name, value and 32 bytes each).
@@ -205,7 +210,11 @@ impl Admission {
                 max_message_flag: "the health and reflection message limit",
             },
         };
-        Ok((reservation, limits, grpc_timeout(request.headers())))
+        let deadline = grpc_timeout(request.headers());
+        if let Some(deadline) = deadline {
+            request.extensions_mut().insert(CallDeadline(deadline));
+        }
+        Ok((reservation, limits, deadline))
     }
 }
 
@@ -249,12 +258,14 @@ mod tests {
             grpc_timeout(&h)
         };
         assert_eq!(header("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(header("150m"), Some(Duration::from_millis(150)));
         assert_eq!(header("1500m"), Some(Duration::from_millis(1500)));
+        assert_eq!(header("5u"), Some(Duration::from_micros(5)));
         assert_eq!(header("3M"), Some(Duration::from_secs(180)));
         assert_eq!(header("1H"), Some(Duration::from_secs(3600)));
         assert_eq!(header("7u"), Some(Duration::from_micros(7)));
         assert_eq!(header("9n"), Some(Duration::from_nanos(9)));
-        for bad in ["", "S", "5", "5x", "-5S", "123456789S"] {
+        for bad in ["", "x", "S", "5", "5x", "-5S", "123456789S"] {
             assert_eq!(header(bad), None, "{bad:?}");
         }
     }

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 pub use accept::{raise_open_file_limit, serve};
 pub use admission::{
-    Admission, CALL_OVERHEAD_BYTES, OPEN_SERVICES_BUDGET_BYTES, SMALL_MESSAGE_BYTES, grpc_timeout,
+    Admission, CALL_OVERHEAD_BYTES, CallDeadline, OPEN_SERVICES_BUDGET_BYTES, SMALL_MESSAGE_BYTES,
 };
 pub use body::ByteBudget;
 
