@@ -19,7 +19,7 @@ use crate::service::CoordinatorService;
 use crate::store::{self, Clock, Store, StoreError, migrate};
 use crate::sweeper::{self, SweepTotals, Sweeper};
 use crate::tls::{Tls, TlsError};
-use crate::transport::{self, Admission, ByteBudget};
+use crate::transport::{self, Admission};
 
 /// Room for the rest of a Complete request around the largest result.
 const REQUEST_OVERHEAD_BYTES: usize = 64 * 1024;
@@ -309,7 +309,7 @@ impl Application {
         let admission = Arc::new(Admission::new(
             routes,
             auth,
-            ByteBudget::new(config.max_inflight_request_bytes),
+            config.max_inflight_request_bytes,
             config.max_request_bytes,
             config.request_body_timeout,
         ));

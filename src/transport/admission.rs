@@ -107,17 +107,18 @@ fn refuse(error: Error) -> Response<Body> {
 }
 
 impl Admission {
+    /// `inflight_bytes` is the Coordinator calls' budget.
     pub fn new(
         routes: Routes,
         auth: Arc<Authenticator>,
-        budget: Arc<ByteBudget>,
+        inflight_bytes: usize,
         max_request_bytes: usize,
         body_timeout: Duration,
     ) -> Self {
         Admission {
             routes,
             auth,
-            budget,
+            budget: ByteBudget::new(inflight_bytes),
             open_budget: ByteBudget::new(OPEN_SERVICES_BUDGET_BYTES),
             max_request_bytes,
             body_timeout,
@@ -190,25 +191,22 @@ impl Admission {
             _ => &self.open_budget,
         };
         let reservation = budget.reserve(charge).ok_or(Error::Overloaded)?;
-        let limits = match service {
-            Service::Coordinator => BodyLimits {
-                max_message: self.max_request_bytes,
-                timeout: self.body_timeout,
-                pace: Pace::Whole,
-                max_message_flag: "--max-request-bytes",
+        let (max_message, max_message_flag) = match service {
+            Service::Coordinator => (self.max_request_bytes, "--max-request-bytes"),
+            _ => (
+                SMALL_MESSAGE_BYTES,
+                "the health and reflection message limit",
+            ),
+        };
+        let limits = BodyLimits {
+            max_message,
+            timeout: self.body_timeout,
+            // Reflection is a stream of requests; every other call sends one.
+            pace: match service {
+                Service::Reflection => Pace::EachMessage,
+                _ => Pace::Whole,
             },
-            Service::Reflection => BodyLimits {
-                max_message: SMALL_MESSAGE_BYTES,
-                timeout: self.body_timeout,
-                pace: Pace::EachMessage,
-                max_message_flag: "the health and reflection message limit",
-            },
-            Service::Other => BodyLimits {
-                max_message: SMALL_MESSAGE_BYTES,
-                timeout: self.body_timeout,
-                pace: Pace::Whole,
-                max_message_flag: "the health and reflection message limit",
-            },
+            max_message_flag,
         };
         let deadline = grpc_timeout(request.headers());
         if let Some(deadline) = deadline {

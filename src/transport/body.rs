@@ -30,7 +30,8 @@ impl ByteBudget {
     }
 
     /// Bytes held now.
-    pub fn used(&self) -> usize {
+    #[cfg(test)]
+    fn used(&self) -> usize {
         self.used.load(Ordering::Relaxed)
     }
 

@@ -19,7 +19,6 @@ pub use accept::{raise_open_file_limit, serve};
 pub use admission::{
     Admission, CALL_OVERHEAD_BYTES, CallDeadline, OPEN_SERVICES_BUDGET_BYTES, SMALL_MESSAGE_BYTES,
 };
-pub use body::ByteBudget;
 
 /// The HTTP/2 header list a call may send, in bytes (as HTTP/2 counts it).
 pub const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
