@@ -130,10 +130,14 @@ fn download_cache() -> PathBuf {
         .join("idempotency-coordinator/postgresql")
 }
 
+/// Whether `dir` holds the two programs the private database needs.
+fn has_server_binaries(dir: &Path) -> bool {
+    dir.join("initdb").is_file() && dir.join("postgres").is_file()
+}
+
 /// A directory under `dir`, at most two levels down, that holds both
 /// `initdb` and `postgres`.
 fn bin_dir_under(dir: &Path) -> Option<PathBuf> {
-    let has_both = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
     let children = |dir: &Path| -> Vec<PathBuf> {
         std::fs::read_dir(dir)
             .into_iter()
@@ -145,7 +149,11 @@ fn bin_dir_under(dir: &Path) -> Option<PathBuf> {
     };
     let mut level = vec![dir.to_owned()];
     for _ in 0..3 {
-        if let Some(found) = level.iter().map(|d| d.join("bin")).find(|b| has_both(b)) {
+        if let Some(found) = level
+            .iter()
+            .map(|d| d.join("bin"))
+            .find(|b| has_server_binaries(b))
+        {
             return Some(found);
         }
         level = level.iter().flat_map(|d| children(d)).collect();
@@ -188,7 +196,6 @@ async fn binaries() -> Result<PathBuf, EmbeddedError> {
 
 /// Where the machine's `initdb` and `postgres` are.
 fn find_binaries() -> Option<PathBuf> {
-    let has_both = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
     let from_pg_config = std::process::Command::new("pg_config")
         .arg("--bindir")
         .output()
@@ -218,7 +225,7 @@ fn find_binaries() -> Option<PathBuf> {
         .into_iter()
         .chain(debian)
         .chain(on_path)
-        .find(|dir| has_both(dir))
+        .find(|dir| has_server_binaries(dir))
 }
 
 /// A running private PostgreSQL.
