@@ -21,13 +21,13 @@ use crate::error::cause_chain;
 
 /// Resolves once the connection has had no open call for `timeout`.
 async fn idle(activity: &Activity, timeout: Duration) {
-    // Checked a few times per timeout: a connection closes within a quarter
-    // of the timeout after it ran out.
+    // While calls are open, look again every quarter of the timeout; once
+    // none is, sleep until the timeout would run out and check again.
     let tick = (timeout / 4).max(Duration::from_millis(10));
     loop {
         match activity.idle_for() {
             Some(idle) if idle >= timeout => return,
-            Some(idle) => tokio::time::sleep((timeout - idle).min(tick).max(tick / 4)).await,
+            Some(idle) => tokio::time::sleep(timeout - idle).await,
             None => tokio::time::sleep(tick).await,
         }
     }
