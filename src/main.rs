@@ -2,6 +2,7 @@
 //! logging, start the private PostgreSQL when no database URL is given,
 //! build, run until SIGTERM or SIGINT, stop the private PostgreSQL.
 
+use std::future::Future;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -29,19 +30,6 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[unsafe(export_name = "_rjem_malloc_conf")]
 static MALLOC_CONF: &u8 =
     &b"background_thread:true,narenas:1,lg_tcache_max:10,dirty_decay_ms:500,muzzy_decay_ms:0\0"[0];
-
-/// The database URL given, or a private PostgreSQL started for this run.
-async fn database(db: &DatabaseArgs) -> Result<(String, Option<Embedded>), StartupError> {
-    if let Some(url) = &db.database_url {
-        return Ok((url.clone(), None));
-    }
-    let data_dir = db
-        .data_dir
-        .clone()
-        .unwrap_or_else(embedded::default_data_dir);
-    let embedded = Embedded::start(&data_dir).await?;
-    Ok((embedded.database_url(), Some(embedded)))
-}
 
 /// Asks a server's health service once, within a few seconds.
 async fn health(args: &HealthArgs) -> Result<(), StartupError> {
@@ -71,32 +59,46 @@ async fn health(args: &HealthArgs) -> Result<(), StartupError> {
         .unwrap_or_else(|_| Err(unhealthy("no answer within 5 s".to_owned())))
 }
 
+/// Runs `work` on the database URL given, or on a private PostgreSQL
+/// started for it and stopped after it, whatever `work` returned.
+async fn on_database<F, Fut>(db: &DatabaseArgs, work: F) -> Result<(), StartupError>
+where
+    F: FnOnce(String) -> Fut,
+    Fut: Future<Output = Result<(), StartupError>>,
+{
+    if let Some(url) = &db.database_url {
+        return work(url.clone()).await;
+    }
+    let data_dir = db
+        .data_dir
+        .clone()
+        .unwrap_or_else(embedded::default_data_dir);
+    let embedded = Embedded::start(&data_dir).await?;
+    let done = work(embedded.database_url()).await;
+    embedded.stop().await;
+    done
+}
+
 async fn run(cli: Cli) -> Result<(), StartupError> {
     match cli.command {
         Command::Serve(mut args) => {
-            let (url, embedded) = database(&args.database).await?;
-            args.database.database_url = Some(url);
-            let served = match Application::build(ServeConfig::from(*args)).await {
-                Ok(app) => app.run_until(shutdown::signal()).await,
-                Err(e) => Err(e),
-            };
-            if let Some(embedded) = embedded {
-                embedded.stop().await;
-            }
-            served
+            let db = args.database.clone();
+            on_database(&db, |url| async move {
+                args.database.database_url = Some(url);
+                let app = Application::build(ServeConfig::from(*args)).await?;
+                app.run_until(shutdown::signal()).await
+            })
+            .await
         }
         Command::Health(args) => health(&args).await,
         Command::Migrate(db) => {
-            let (url, embedded) = database(&db).await?;
-            let config = StoreConfig::for_migrations(url);
-            let migrated = match Store::new(&config, Clock::default()) {
-                Ok(store) => run_migrations(&store).await.map(|_| ()),
-                Err(e) => Err(StartupError::Database(e)),
-            };
-            if let Some(embedded) = embedded {
-                embedded.stop().await;
-            }
-            migrated
+            on_database(&db, |url| async move {
+                let config = StoreConfig::for_migrations(url);
+                let store =
+                    Store::new(&config, Clock::default()).map_err(StartupError::Database)?;
+                run_migrations(&store).await.map(|_| ())
+            })
+            .await
         }
     }
 }
