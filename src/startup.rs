@@ -226,8 +226,11 @@ impl Application {
             move |change| hub.on_change(change)
         });
         let listener_task = changes.task;
-        let following = tokio::spawn(follow_listener(
+        let probe = store::probe::start(store.clone(), config.health_interval);
+        let probe_task = probe.task;
+        let following = tokio::spawn(follow_database(
             changes.listening,
+            probe.answering,
             Arc::clone(&hub),
             reporter.clone(),
         ));
@@ -281,6 +284,7 @@ impl Application {
         let drain = async move {
             shutdown.await;
             listener_task.abort();
+            probe_task.abort();
             following.abort();
             // Calls still waiting hear of changes by polling from now on.
             hub_at_drain.set_connected(false);
@@ -329,18 +333,21 @@ impl Application {
     }
 }
 
-/// Maps the listener's state onto readiness (`idempotency.v1.Coordinator`
+/// Maps the database's state onto readiness: `idempotency.v1.Coordinator`
 /// is SERVING only while the listener is connected, listening and reading
-/// the database's clock on time) and onto the hub (waiters poll while it is
+/// the database's clock on time, and the connections calls use answer the
+/// probe. The hub follows the listener alone (waiters poll while it is
 /// down).
-async fn follow_listener(
+async fn follow_database(
     mut listening: tokio::sync::watch::Receiver<bool>,
+    mut answering: tokio::sync::watch::Receiver<bool>,
     hub: Arc<Hub>,
     reporter: tonic_health::server::HealthReporter,
 ) {
     loop {
-        let up = *listening.borrow_and_update();
-        hub.set_connected(up);
+        let notified = *listening.borrow_and_update();
+        hub.set_connected(notified);
+        let up = notified && *answering.borrow_and_update();
         if up {
             reporter
                 .set_serving::<CoordinatorServer<CoordinatorService>>()
@@ -350,7 +357,11 @@ async fn follow_listener(
                 .set_not_serving::<CoordinatorServer<CoordinatorService>>()
                 .await;
         }
-        if listening.changed().await.is_err() {
+        let changed = tokio::select! {
+            changed = listening.changed() => changed,
+            changed = answering.changed() => changed,
+        };
+        if changed.is_err() {
             return;
         }
     }

@@ -15,13 +15,18 @@
 //!   failure included), it rolled back whole, and its calls run again one by
 //!   one, each getting its own answer.
 //! - **Callers that gave up are skipped**, so a call that timed out in the
-//!   queue never takes a lease nobody will hear of.
+//!   queue never takes a lease nobody will hear of. A call no worker has
+//!   taken within its connect wait hears UNAVAILABLE then, even while every
+//!   worker is stuck on a connection that stopped answering; a call a worker
+//!   has taken waits for its statement, which carries the moment the worker
+//!   stops waiting and rolls back if it finishes later (`sql/0006`).
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use futures_util::future::{self, Either};
 use tokio::time::Instant;
 
 use tokio::sync::{Mutex, mpsc, oneshot};
@@ -29,7 +34,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
 use super::StoreError;
-use super::clock::Clock;
+use super::clock::{Clock, Stamp};
 use super::mux::{Mux, Shared};
 
 /// One call's arguments, owned so it can wait in the queue.
@@ -41,20 +46,17 @@ pub(super) trait Call: Send + Sync + Sized + 'static {
     fn row_key(&self) -> (&str, &str, &str);
 
     /// The arguments of `ALONE`.
-    fn params<'a>(
-        &'a self,
-        clock_offset_ms: &'a i64,
-    ) -> impl AsRef<[&'a (dyn ToSql + Sync)]> + Send + 'a;
+    fn params<'a>(&'a self, stamp: &'a Stamp) -> impl AsRef<[&'a (dyn ToSql + Sync)]> + Send + 'a;
 
     /// Runs this call alone; one row, as the single-call function returns it.
     fn one<'a>(
         &'a self,
         shared: &'a Shared,
-        clock_offset_ms: i64,
+        stamp: Stamp,
     ) -> impl Future<Output = Result<Option<Row>, StoreError>> + Send + 'a {
         async move {
             shared
-                .query_opt(Self::ALONE, self.params(&clock_offset_ms).as_ref())
+                .query_opt(Self::ALONE, self.params(&stamp).as_ref())
                 .await
         }
     }
@@ -64,7 +66,7 @@ pub(super) trait Call: Send + Sync + Sized + 'static {
     fn many<'a>(
         calls: &'a [&'a Self],
         shared: &'a Shared,
-        clock_offset_ms: i64,
+        stamp: Stamp,
     ) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send + 'a;
 }
 
@@ -84,6 +86,9 @@ struct Pending<C> {
     call: C,
     /// A call not taken by then is answered UNAVAILABLE instead of run.
     take_by: Instant,
+    /// Set by whichever comes first: a worker taking the call, or its caller
+    /// giving up on a call no worker took by `take_by`.
+    claimed: Arc<AtomicBool>,
     reply: oneshot::Sender<Result<Option<Row>, StoreError>>,
 }
 
@@ -118,10 +123,10 @@ impl<C: Call> Coalescer<C> {
     }
 
     /// Queues `call` at once and returns the wait for its row. A call no
-    /// batch has taken within `wait` is answered UNAVAILABLE without
-    /// running; once taken, the caller waits for its batch, whose run the
-    /// worker bounds (and which PostgreSQL's own statement timeout rolls back
-    /// first), rather than give up on a statement that may still commit.
+    /// batch has taken within `wait` is answered UNAVAILABLE then, and never
+    /// runs; once taken, the caller waits for its batch, whose run the
+    /// worker bounds (and whose statement rolls back if it finishes after
+    /// that), rather than give up on a statement that may still commit.
     ///
     /// Not an `async fn`: the call moves into the queue here, so the future
     /// a caller keeps (ten thousand of them in a burst) holds only the
@@ -132,9 +137,12 @@ impl<C: Call> Coalescer<C> {
         wait: Duration,
     ) -> impl Future<Output = Result<Option<Row>, StoreError>> + Send + use<C> {
         let (reply, answer) = oneshot::channel();
+        let take_by = Instant::now() + wait;
+        let claimed = Arc::new(AtomicBool::new(false));
         let pending = Pending {
             call,
-            take_by: Instant::now() + wait,
+            take_by,
+            claimed: Arc::clone(&claimed),
             reply,
         };
         self.queued.fetch_add(1, Ordering::Relaxed);
@@ -148,11 +156,21 @@ impl<C: Call> Coalescer<C> {
                     "the server is shutting down".into(),
                 ));
             }
-            answer.await.unwrap_or_else(|_| {
+            let dropped = |_| {
                 Err(StoreError::Unavailable(
                     "the batch carrying this call was dropped".into(),
                 ))
-            })
+            };
+            // The timer on the heap: a waiting Acquire's future (ten
+            // thousand of them are the server's memory) then holds this
+            // branch's state as one pointer.
+            let not_taken_in_time = Box::pin(tokio::time::sleep_until(take_by));
+            match future::select(answer, not_taken_in_time).await {
+                Either::Left((answered, _)) => answered.unwrap_or_else(dropped),
+                Either::Right(_) if !claimed.swap(true, Ordering::AcqRel) => Err(not_taken()),
+                // A worker took it just now: its statement may commit.
+                Either::Right(((), answer)) => answer.await.unwrap_or_else(dropped),
+            }
         }
     }
 }
@@ -176,6 +194,7 @@ async fn work<C: Call>(
             return;
         }
         queued.fetch_sub(batch.len(), Ordering::Relaxed);
+        batch.retain(|pending| !pending.claimed.swap(true, Ordering::AcqRel));
         drop_late(&mut batch);
         if !batch.is_empty() {
             run(&settings, &mut batch).await;
@@ -193,13 +212,16 @@ fn drop_late<C>(batch: &mut Vec<Pending<C>>) {
             continue;
         }
         if pending.take_by < now {
-            let _ = pending.reply.send(Err(StoreError::Unavailable(
-                "no database connection was free in time for this call".into(),
-            )));
+            let _ = pending.reply.send(Err(not_taken()));
             continue;
         }
         batch.push(pending);
     }
+}
+
+/// The answer to a call no batch took within its connect wait.
+fn not_taken() -> StoreError {
+    StoreError::Unavailable("no database connection was free in time for this call".into())
 }
 
 /// Runs the batch and answers every caller in it.
@@ -210,18 +232,23 @@ async fn run<C: Call>(settings: &Settings, batch: &mut Vec<Pending<C>>) {
     };
     // (Re)connecting may have taken a while.
     drop_late(batch);
-    let offset = settings.clock.offset_ms();
+    let mux = &settings.mux;
     let limit = settings.query_timeout;
+    let stamp = settings.clock.stamp(super::mux::statement_limit(limit));
     if batch.len() <= 1 {
         if let Some(alone) = batch.pop() {
-            let answer = in_time(limit, alone.call.one(&shared, offset)).await;
+            let answer = mux
+                .in_time(&shared, limit, alone.call.one(&shared, stamp))
+                .await;
             let _ = alone.reply.send(answer);
         }
         return;
     }
     batch.sort_by(|a, b| a.call.row_key().cmp(&b.call.row_key()));
     let calls: Vec<&C> = batch.iter().map(|p| &p.call).collect();
-    let rows = in_time(limit, C::many(&calls, &shared, offset)).await;
+    let rows = mux
+        .in_time(&shared, limit, C::many(&calls, &shared, stamp))
+        .await;
     drop(calls);
     let rows = match rows {
         Ok(rows) => rows,
@@ -237,11 +264,14 @@ async fn run<C: Call>(settings: &Settings, batch: &mut Vec<Pending<C>>) {
             // Pipelined together: a call that fails every time costs its
             // batch-mates one more round trip, not one each.
             let shared = &shared;
+            let stamp = settings.clock.stamp(super::mux::statement_limit(limit));
             let alone = batch
                 .drain(..)
                 .filter(|pending| !pending.reply.is_closed())
                 .map(|pending| async move {
-                    let answer = in_time(limit, pending.call.one(shared, offset)).await;
+                    let answer = mux
+                        .in_time(shared, limit, pending.call.one(shared, stamp))
+                        .await;
                     let _ = pending.reply.send(answer);
                 });
             futures_util::future::join_all(alone).await;
@@ -303,15 +333,4 @@ fn fail_all<C>(batch: &mut Vec<Pending<C>>, error: StoreError) {
         };
         let _ = pending.reply.send(Err(answer));
     }
-}
-
-async fn in_time<T>(
-    limit: Duration,
-    work: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    tokio::time::timeout(limit, work).await.unwrap_or_else(|_| {
-        Err(StoreError::Unavailable(Box::new(super::QueryTimeout(
-            limit,
-        ))))
-    })
 }

@@ -2,27 +2,35 @@
 //! run alone (`idempotency_acquire`, `idempotency_complete`) or ride in a
 //! batch (`idempotency_acquire_batch`, `idempotency_complete_batch`). The
 //! arguments are bound in one place for both forms.
+//!
+//! Every statement ends with `idempotency_in_time(deadline, offset)` in its
+//! select list: evaluated on the function's rows, after it ran and before
+//! the commit, it rolls the statement back if it finishes after the
+//! coordinator stopped waiting for it (`sql/0006_statement_deadline.sql`).
 
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
 use super::batch::Call;
+use super::clock::Stamp;
 use super::mux::Shared;
 use super::names;
 use super::{StoreError, millis};
 use crate::domain::{AcquireCommand, Backoff, CompleteCommand, Outcome};
 
 /// `idempotency_acquire`, its ten arguments bound in `AcquireCall::params`'s
-/// order.
-pub const ACQUIRE: &str = "SELECT a.decision, a.retry_after_ms, (a.rec).* \
+/// order, then the deadline (`$11`, a `timestamptz` or NULL).
+pub const ACQUIRE: &str = "SELECT a.decision, a.retry_after_ms, (a.rec).*, \
+     idempotency_in_time($11, $10) AS in_time \
      FROM idempotency_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) a";
-const ACQUIRE_BATCH: &str = "SELECT b.ord, b.decision, b.retry_after_ms, (b.rec).* \
+const ACQUIRE_BATCH: &str = "SELECT b.ord, b.decision, b.retry_after_ms, (b.rec).*, \
+     idempotency_in_time($11, $10) AS in_time \
      FROM idempotency_acquire_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) b";
 /// `idempotency_complete`, its fifteen arguments bound in
-/// `CompleteCall::params`'s order.
-pub const COMPLETE: &str = "SELECT c.outcome, (c.rec).* \
+/// `CompleteCall::params`'s order, then the deadline (`$16`).
+pub const COMPLETE: &str = "SELECT c.outcome, (c.rec).*, idempotency_in_time($16, $15) AS in_time \
      FROM idempotency_complete($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) c";
-const COMPLETE_BATCH: &str = "SELECT b.ord, b.outcome, (b.rec).* \
+const COMPLETE_BATCH: &str = "SELECT b.ord, b.outcome, (b.rec).*, idempotency_in_time($16, $15) AS in_time \
      FROM idempotency_complete_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) b";
 
 /// `idempotency_acquire`'s arguments but the clock offset.
@@ -67,10 +75,7 @@ impl Call for AcquireCall {
         (&self.tenant, &self.scope, &self.key)
     }
 
-    fn params<'a>(
-        &'a self,
-        clock_offset_ms: &'a i64,
-    ) -> impl AsRef<[&'a (dyn ToSql + Sync)]> + Send + 'a {
+    fn params<'a>(&'a self, stamp: &'a Stamp) -> impl AsRef<[&'a (dyn ToSql + Sync)]> + Send + 'a {
         let params: [&(dyn ToSql + Sync); _] = [
             &self.tenant,
             &self.scope,
@@ -81,16 +86,13 @@ impl Call for AcquireCall {
             &self.max_attempts,
             &self.retention_ms,
             &self.watch_ms,
-            clock_offset_ms,
+            &stamp.offset_ms,
+            &stamp.deadline,
         ];
         params
     }
 
-    async fn many(
-        calls: &[&Self],
-        shared: &Shared,
-        clock_offset_ms: i64,
-    ) -> Result<Vec<Row>, StoreError> {
+    async fn many(calls: &[&Self], shared: &Shared, stamp: Stamp) -> Result<Vec<Row>, StoreError> {
         shared
             .query(
                 ACQUIRE_BATCH,
@@ -104,7 +106,8 @@ impl Call for AcquireCall {
                     &column(calls, |c| c.max_attempts),
                     &column(calls, |c| c.retention_ms),
                     &column(calls, |c| c.watch_ms),
-                    &clock_offset_ms,
+                    &stamp.offset_ms,
+                    &stamp.deadline,
                 ],
             )
             .await
@@ -176,10 +179,7 @@ impl Call for CompleteCall {
         (&self.tenant, &self.scope, &self.key)
     }
 
-    fn params<'a>(
-        &'a self,
-        clock_offset_ms: &'a i64,
-    ) -> impl AsRef<[&'a (dyn ToSql + Sync)]> + Send + 'a {
+    fn params<'a>(&'a self, stamp: &'a Stamp) -> impl AsRef<[&'a (dyn ToSql + Sync)]> + Send + 'a {
         let params: [&(dyn ToSql + Sync); _] = [
             &self.tenant,
             &self.scope,
@@ -195,16 +195,13 @@ impl Call for CompleteCall {
             &self.retry_after_ms,
             &self.backoff_base_ms,
             &self.backoff_cap_ms,
-            clock_offset_ms,
+            &stamp.offset_ms,
+            &stamp.deadline,
         ];
         params
     }
 
-    async fn many(
-        calls: &[&Self],
-        shared: &Shared,
-        clock_offset_ms: i64,
-    ) -> Result<Vec<Row>, StoreError> {
+    async fn many(calls: &[&Self], shared: &Shared, stamp: Stamp) -> Result<Vec<Row>, StoreError> {
         shared
             .query(
                 COMPLETE_BATCH,
@@ -223,7 +220,8 @@ impl Call for CompleteCall {
                     &column(calls, |c| c.retry_after_ms),
                     &column(calls, |c| c.backoff_base_ms),
                     &column(calls, |c| c.backoff_cap_ms),
-                    &clock_offset_ms,
+                    &stamp.offset_ms,
+                    &stamp.deadline,
                 ],
             )
             .await

@@ -65,6 +65,31 @@ impl Clock {
     }
 }
 
+/// What every call's statement carries besides its own arguments.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Stamp {
+    /// The test clock's offset (`Clock::offset_ms`).
+    pub offset_ms: i64,
+    /// When the statement must have finished, on the database's clock with
+    /// the offset (`sql/0006_statement_deadline.sql`); `None` until the
+    /// skew is measured.
+    pub deadline: Option<DateTime<Utc>>,
+}
+
+impl Clock {
+    /// The stamp of a statement sent now, whose answer is waited for at
+    /// most `limit`.
+    pub(crate) fn stamp(&self, limit: Duration) -> Stamp {
+        let limit = chrono::Duration::from_std(limit).unwrap_or(chrono::Duration::MAX);
+        Stamp {
+            offset_ms: self.offset_ms(),
+            deadline: self
+                .database_now()
+                .and_then(|now| now.checked_add_signed(limit)),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

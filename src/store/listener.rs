@@ -28,9 +28,6 @@ const CHANGES: &str = "idempotency_changes";
 /// tenant and scope, one a line).
 const DUE: &str = "idempotency_due";
 
-/// The longest pause between reconnection attempts.
-const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(5);
-
 /// What a notification says changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
@@ -69,7 +66,8 @@ pub struct Listener {
 }
 
 /// Starts the listener: it keeps a connection for as long as it runs,
-/// reconnecting with backoff, and hands every notification to `on_change`.
+/// reconnecting every `interval`, and hands every notification to
+/// `on_change`.
 pub fn start(
     pg: tokio_postgres::Config,
     interval: Duration,
@@ -78,14 +76,15 @@ pub fn start(
 ) -> Listener {
     let (state, listening) = watch::channel(false);
     let on_change: Arc<dyn Fn(Change) + Send + Sync> = Arc::new(on_change);
+    // Attempts every interval, without a growing back-off: one connection
+    // attempt a second costs the database nothing, and readiness comes back
+    // within about an interval of the database answering again.
     let task = tokio::spawn(async move {
-        let mut delay = interval;
         let mut reported = false;
         loop {
             let (why, was_listening) = listen_once(&pg, &state, interval, &clock, &on_change).await;
             state.send_replace(false);
             if was_listening {
-                delay = interval;
                 reported = false;
             }
             if reported {
@@ -94,8 +93,7 @@ pub fn start(
                 tracing::warn!(reason = %why, "database listener down: not ready, waiters poll");
                 reported = true;
             }
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(MAX_RECONNECT_DELAY);
+            tokio::time::sleep(interval).await;
         }
     });
     Listener { listening, task }
@@ -125,7 +123,7 @@ async fn listen_once(
     clock: &Clock,
     on_change: &Arc<dyn Fn(Change) + Send + Sync>,
 ) -> (String, bool) {
-    let connect = tokio::time::timeout(interval * 5, pg.connect(NoTls)).await;
+    let connect = tokio::time::timeout(interval * 2, pg.connect(NoTls)).await;
     let (client, mut connection) = match connect {
         Ok(Ok(pair)) => pair,
         Ok(Err(e)) => return (format!("cannot connect: {}", e), false),

@@ -51,6 +51,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "final_decision",
         sql: include_str!("../../sql/0005_final_decision.sql"),
     },
+    Migration {
+        version: 6,
+        name: "statement_deadline",
+        sql: include_str!("../../sql/0006_statement_deadline.sql"),
+    },
 ];
 
 /// An arbitrary constant naming our advisory lock among any others the

@@ -22,6 +22,8 @@
 //!   for statuses, decisions, outcomes and refusals;
 //! - `replays`: SUCCEEDED records answered from memory;
 //! - `listener`: the LISTEN connection and the database's clock;
+//! - `probe`: whether the connections calls use answer (readiness), and
+//!   replacing one that silently stopped;
 //! - `migrate`: applying `sql/` in order.
 
 mod batch;
@@ -33,6 +35,7 @@ mod maintenance;
 pub mod migrate;
 mod mux;
 pub mod names;
+pub mod probe;
 mod replays;
 mod row;
 mod run;
@@ -84,10 +87,13 @@ pub struct Store {
     replays: Option<Arc<Replays>>,
 }
 
-const EXTEND_LEASE: &str = "SELECT e.outcome, (e.rec).* \
+// Each ends with the deadline check that `calls` explains.
+const EXTEND_LEASE: &str = "SELECT e.outcome, (e.rec).*, idempotency_in_time($9, $8) AS in_time \
      FROM idempotency_extend_lease($1, $2, $3, $4, $5, $6, $7, $8) e";
-const GET: &str = "SELECT * FROM idempotency_get($1, $2, $3, $4)";
-const WATCH: &str = "SELECT * FROM idempotency_watch($1, $2, $3, $4, $5)";
+const GET: &str = "SELECT g.*, idempotency_in_time($5, $4) AS in_time \
+     FROM idempotency_get($1, $2, $3, $4) g";
+const WATCH: &str = "SELECT w.*, idempotency_in_time($6, $5) AS in_time \
+     FROM idempotency_watch($1, $2, $3, $4, $5) w";
 
 impl Store {
     pub fn clock(&self) -> &Clock {
@@ -166,6 +172,7 @@ impl Store {
         max_lease: Duration,
         wait: Option<Duration>,
     ) -> Result<Lease, StoreError> {
+        let stamp = self.stamp();
         let row = self
             .query_one(
                 EXTEND_LEASE,
@@ -177,7 +184,8 @@ impl Store {
                     &millis(cmd.extend_by),
                     &millis(max_lease),
                     &cmd.checkpoint.as_deref(),
-                    &self.clock.offset_ms(),
+                    &stamp.offset_ms,
+                    &stamp.deadline,
                 ],
                 wait,
             )
@@ -187,6 +195,7 @@ impl Store {
 
     /// The live record, or `Refused(NotFound)`.
     pub async fn get(&self, id: &RecordId, wait: Option<Duration>) -> Result<Record, StoreError> {
+        let stamp = self.stamp();
         let row = self
             .query_one(
                 GET,
@@ -194,7 +203,8 @@ impl Store {
                     &id.tenant.as_str(),
                     &id.scope.as_str(),
                     &id.key.as_str(),
-                    &self.clock.offset_ms(),
+                    &stamp.offset_ms,
+                    &stamp.deadline,
                 ],
                 wait,
             )
@@ -211,6 +221,7 @@ impl Store {
         watch: Duration,
         wait: Option<Duration>,
     ) -> Result<Record, StoreError> {
+        let stamp = self.stamp();
         let row = self
             .query_one(
                 WATCH,
@@ -219,7 +230,8 @@ impl Store {
                     &id.scope.as_str(),
                     &id.key.as_str(),
                     &millis(watch),
-                    &self.clock.offset_ms(),
+                    &stamp.offset_ms,
+                    &stamp.deadline,
                 ],
                 wait,
             )

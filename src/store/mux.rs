@@ -2,7 +2,13 @@
 //! pipelined behind the others on its connection instead of waiting for a
 //! connection of its own. Every statement of a call is a single autocommit
 //! statement holding row locks only while it runs, so sharing a connection is
-//! safe; a closed connection is replaced on first use after it closed.
+//! safe.
+//!
+//! A connection is replaced when it reports itself closed, and when it stops
+//! answering while still open (a firewall or NAT that dropped its state, a
+//! database that failed over to another address): a statement that timed
+//! out, or a probe (`Mux::probe`) that got no answer in time, retires it, and
+//! the next call in its slot connects anew.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,9 +20,12 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Row, Statement};
 
 use super::StoreError;
+use super::error::QueryTimeout;
 
 /// One shared connection and the statements prepared on it.
 pub(super) struct Shared {
+    /// The slot it was connected for.
+    slot: usize,
     pub client: Client,
     prepared: std::sync::Mutex<HashMap<&'static str, Statement>>,
 }
@@ -61,11 +70,19 @@ impl Shared {
 pub(super) struct Mux {
     /// How to connect, with PostgreSQL's own limit on each statement a
     /// little under the client's query timeout: a statement that runs too
-    /// long is then rolled back by the database itself, rather than left
-    /// running (and maybe committing) after its caller heard UNAVAILABLE.
+    /// long is then rolled back by the database itself.
     pg: tokio_postgres::Config,
     slots: Vec<RwLock<Option<Arc<Shared>>>>,
     next: AtomicUsize,
+}
+
+/// The part of the query timeout a statement may use in PostgreSQL
+/// (`statement_timeout`, and the deadline each call's statement carries):
+/// the rest is left for the commit and for error in the measured skew
+/// between the clocks, so that a statement that would finish after its
+/// caller stopped waiting rolls back instead.
+pub(super) fn statement_limit(query_timeout: Duration) -> Duration {
+    (query_timeout * 9 / 10).max(Duration::from_millis(1))
 }
 
 impl Mux {
@@ -74,11 +91,10 @@ impl Mux {
         connections: usize,
         query_timeout: Duration,
     ) -> Self {
-        let statement_timeout = (query_timeout * 9 / 10).max(Duration::from_millis(1));
         let options = format!(
             "{} -c statement_timeout={}",
             pg.get_options().unwrap_or_default(),
-            statement_timeout.as_millis()
+            statement_limit(query_timeout).as_millis()
         );
         pg.options(options.trim_start());
         Mux {
@@ -91,7 +107,12 @@ impl Mux {
     /// The next connection, connecting it (within `wait`) if it is new or
     /// has closed.
     pub async fn get(&self, wait: Duration) -> Result<Arc<Shared>, StoreError> {
-        let slot = &self.slots[self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len()];
+        let slot = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        self.get_slot(slot, wait).await
+    }
+
+    async fn get_slot(&self, index: usize, wait: Duration) -> Result<Arc<Shared>, StoreError> {
+        let slot = &self.slots[index];
         if let Some(shared) = slot.read().await.as_ref()
             && !shared.client.is_closed()
         {
@@ -110,10 +131,68 @@ impl Mux {
             })??;
         tokio::spawn(connection);
         let shared = Arc::new(Shared {
+            slot: index,
             client,
             prepared: std::sync::Mutex::new(HashMap::new()),
         });
         *slot = Some(Arc::clone(&shared));
         Ok(shared)
+    }
+
+    /// Stops handing out `shared`, which did not answer in time: the next
+    /// call in its slot connects anew. Statements already sent on it finish
+    /// or time out on their own; the connection closes when the last of
+    /// them lets go of it.
+    pub async fn retire(&self, shared: &Arc<Shared>) {
+        let mut slot = self.slots[shared.slot].write().await;
+        if slot.as_ref().is_some_and(|s| Arc::ptr_eq(s, shared)) {
+            *slot = None;
+            tracing::warn!(
+                connection = shared.slot,
+                "a shared database connection stopped answering; replacing it"
+            );
+        }
+    }
+
+    /// `work` on `shared`, or UNAVAILABLE (and `shared` retired) when it
+    /// takes longer than `limit`.
+    pub async fn in_time<T>(
+        &self,
+        shared: &Arc<Shared>,
+        limit: Duration,
+        work: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(limit, work).await {
+            Ok(done) => done,
+            Err(_) => {
+                self.retire(shared).await;
+                Err(StoreError::Unavailable(Box::new(QueryTimeout(limit))))
+            }
+        }
+    }
+
+    /// Whether every shared connection answers within `limit`: each is
+    /// sent an empty query behind whatever is pipelined on it; one that does
+    /// not answer is retired and connected anew (within `limit`) at once,
+    /// so the answer is no only when no working connection can be had.
+    pub async fn probe(&self, limit: Duration) -> Result<(), StoreError> {
+        let slots = (0..self.slots.len()).map(|index| async move {
+            match self.probe_slot(index, limit).await {
+                Err(StoreError::Unavailable(_)) => self.probe_slot(index, limit).await,
+                answered => answered,
+            }
+        });
+        futures_util::future::join_all(slots)
+            .await
+            .into_iter()
+            .collect()
+    }
+
+    async fn probe_slot(&self, index: usize, limit: Duration) -> Result<(), StoreError> {
+        let shared = self.get_slot(index, limit).await?;
+        self.in_time(&shared, limit, async {
+            Ok(shared.client.batch_execute("").await?)
+        })
+        .await
     }
 }

@@ -1,6 +1,8 @@
 //! How a statement reaches the database: a call's on a shared, pipelined
 //! connection (or queued for a batch), maintenance's on a pooled connection
-//! of its own, each within the query timeout.
+//! of its own, each within the query timeout. A connection whose statement
+//! got no answer in time is not used again: it may be one that silently
+//! stopped answering, and the next statement on it would wait as long.
 
 use std::future::Future;
 use std::time::Duration;
@@ -10,7 +12,9 @@ use futures_util::future::Either;
 use tokio_postgres::{Row, types::ToSql};
 
 use super::batch::{self, Call};
+use super::clock::Stamp;
 use super::error::QueryTimeout;
+use super::mux::statement_limit;
 use super::{Store, StoreError};
 
 pub(crate) fn millis(d: Duration) -> i64 {
@@ -40,25 +44,34 @@ impl Store {
         wait: Option<Duration>,
     ) -> Result<Vec<Row>, StoreError> {
         let client = self.connection(wait).await?;
-        self.in_time(async {
+        let answer = tokio::time::timeout(self.query_timeout, async {
             let statement = client.prepare_cached(sql).await?;
             Ok(client.query(&statement, params).await?)
         })
-        .await
+        .await;
+        self.answered_in_time(client, answer)
     }
 
-    /// `work`, or UNAVAILABLE when it takes longer than the query timeout.
-    pub(super) async fn in_time<T>(
+    /// The answer of a statement on a pooled connection, or UNAVAILABLE
+    /// when it did not come within the query timeout; the connection then
+    /// leaves the pool instead of going back to it.
+    pub(super) fn answered_in_time<T>(
         &self,
-        work: impl std::future::Future<Output = Result<T, StoreError>>,
+        client: Object,
+        answer: Result<Result<T, StoreError>, tokio::time::error::Elapsed>,
     ) -> Result<T, StoreError> {
-        tokio::time::timeout(self.query_timeout, work)
-            .await
-            .unwrap_or_else(|_| {
-                Err(StoreError::Unavailable(Box::new(QueryTimeout(
-                    self.query_timeout,
-                ))))
-            })
+        answer.unwrap_or_else(|_| {
+            drop(Object::take(client));
+            Err(StoreError::Unavailable(Box::new(QueryTimeout(
+                self.query_timeout,
+            ))))
+        })
+    }
+
+    /// What a call's statement carries besides its arguments: the clock
+    /// offset, and the moment it must have finished by.
+    pub(super) fn stamp(&self) -> Stamp {
+        self.clock.stamp(statement_limit(self.query_timeout))
     }
 
     /// One row of a call's statement: pipelined on a shared connection when
@@ -84,7 +97,9 @@ impl Store {
     ) -> Result<Option<Row>, StoreError> {
         if let Some(mux) = &self.mux {
             let shared = mux.get(wait.unwrap_or(self.connect_wait)).await?;
-            return self.in_time(shared.query_opt(sql, params)).await;
+            return mux
+                .in_time(&shared, self.query_timeout, shared.query_opt(sql, params))
+                .await;
         }
         self.query_one_pooled(sql, params, wait).await
     }
@@ -105,8 +120,8 @@ impl Store {
         match batch {
             Some(batch) => Either::Left(batch.run(call, wait.unwrap_or(self.connect_wait))),
             None => Either::Right(Box::pin(async move {
-                let offset = self.clock.offset_ms();
-                self.query_one(C::ALONE, call.params(&offset).as_ref(), wait)
+                let stamp = self.stamp();
+                self.query_one(C::ALONE, call.params(&stamp).as_ref(), wait)
                     .await
             })),
         }
@@ -121,10 +136,11 @@ impl Store {
         wait: Option<Duration>,
     ) -> Result<Option<Row>, StoreError> {
         let client = self.connection(wait).await?;
-        self.in_time(async {
+        let answer = tokio::time::timeout(self.query_timeout, async {
             let statement = client.prepare_cached(sql).await?;
             Ok(client.query_opt(&statement, params).await?)
         })
-        .await
+        .await;
+        self.answered_in_time(client, answer)
     }
 }

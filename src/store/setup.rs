@@ -48,6 +48,25 @@ pub fn pg_config(database_url: &str) -> Result<tokio_postgres::Config, tokio_pos
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(Duration::from_secs(5));
     }
+    // A connection whose peer vanished without a word (a NAT or firewall
+    // that dropped its state, a failed-over address) is found dead by the
+    // kernel: idle, after about 10 + 3 × 5 s of unanswered keepalives; with
+    // a statement unacknowledged, after 20 s. The probe (`store::probe`)
+    // finds the ones calls use sooner; these catch the rest. Settings given
+    // in the URL win.
+    let given = |name: &str| database_url.contains(name);
+    if !given("keepalives_idle") {
+        config.keepalives_idle(Duration::from_secs(10));
+    }
+    if !given("keepalives_interval") {
+        config.keepalives_interval(Duration::from_secs(5));
+    }
+    if !given("keepalives_retries") {
+        config.keepalives_retries(3);
+    }
+    if !given("tcp_user_timeout") {
+        config.tcp_user_timeout(Duration::from_secs(20));
+    }
     Ok(config)
 }
 

@@ -7,6 +7,7 @@ mod batches;
 mod complete;
 mod concurrency;
 mod conformance;
+mod deadlines;
 mod due;
 mod edge;
 mod embedded;

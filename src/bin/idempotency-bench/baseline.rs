@@ -47,6 +47,7 @@ impl Sql {
                     &RETENTION_MS,
                     &0i64,
                     &0i64,
+                    &None::<chrono::DateTime<chrono::Utc>>,
                 ],
             )
             .await
@@ -85,6 +86,7 @@ impl Sql {
                     &BACKOFF_BASE_MS,
                     &BACKOFF_CAP_MS,
                     &0i64,
+                    &None::<chrono::DateTime<chrono::Utc>>,
                 ],
             )
             .await

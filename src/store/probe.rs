@@ -1,0 +1,74 @@
+//! Whether the connections calls use answer. Every half interval each
+//! shared connection (or a pooled one, when calls take pooled connections)
+//! is sent an empty query; one that does not answer within the interval is
+//! retired and replaced at once, and only when no answering connection can
+//! be had is the database reported as not answering. `startup` maps this,
+//! with the listener's state, onto readiness: a database the listener still
+//! reaches is not ready while the calls' own connections fail.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::{Store, StoreError};
+
+/// A running probe.
+pub struct Probe {
+    /// `true` while the last probe was answered in time.
+    pub answering: watch::Receiver<bool>,
+    /// Abort it to stop probing.
+    pub task: JoinHandle<()>,
+}
+
+/// Starts probing `store` every half `interval`, each probe answered
+/// within `interval` or failed.
+pub fn start(store: Store, interval: Duration) -> Probe {
+    let (state, answering) = watch::channel(false);
+    let task = tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(interval / 2);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            let answered = store.probe(interval).await;
+            let up = answered.is_ok();
+            let changed = state.send_if_modified(|was| std::mem::replace(was, up) != up);
+            match answered {
+                Err(e) if changed => tracing::warn!(
+                    error = %chain(&e),
+                    "the database connections calls use do not answer: not ready"
+                ),
+                Ok(()) if changed => tracing::info!("the database connections calls use answer"),
+                _ => {}
+            }
+        }
+    });
+    Probe { answering, task }
+}
+
+impl Store {
+    /// Whether a call's statement would get an answer within `limit` now:
+    /// every shared connection answers (one that does not is replaced), or,
+    /// without shared connections, a pooled one does.
+    pub async fn probe(&self, limit: Duration) -> Result<(), StoreError> {
+        if let Some(mux) = &self.mux {
+            return mux.probe(limit).await;
+        }
+        let client = self.connection(Some(limit)).await?;
+        let answer =
+            tokio::time::timeout(limit, async { Ok(client.batch_execute("").await?) }).await;
+        self.answered_in_time(client, answer)
+    }
+}
+
+/// `error` and its sources, joined.
+fn chain(error: &StoreError) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
