@@ -74,6 +74,16 @@ fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
     })
 }
 
+/// When a call whose caller allowed `budget` is answered DEADLINE_EXCEEDED:
+/// a little before the caller's own timer runs out (the smaller of 50 ms
+/// and a tenth of the budget), so that the caller hears the server's
+/// DEADLINE_EXCEEDED rather than its library's own verdict, which the two
+/// race for at the deadline itself (and which some libraries, tonic among
+/// them, report as CANCELLED).
+fn answer_by(budget: Duration) -> Duration {
+    budget.saturating_sub((budget / 10).min(Duration::from_millis(50)))
+}
+
 /// The caller's deadline, read once from `grpc-timeout` by admission and
 /// handed to the service in the request's extensions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,7 +166,7 @@ impl Admission {
             let response = match deadline {
                 None => answer.await,
                 Some(deadline) => {
-                    let expired = Box::pin(tokio::time::sleep(deadline));
+                    let expired = Box::pin(tokio::time::sleep(answer_by(deadline)));
                     match futures_util::future::select(answer, expired).await {
                         Either::Left((response, _)) => response,
                         Either::Right(_) => return Ok(refuse(Error::DeadlineExceeded)),
@@ -247,6 +257,19 @@ impl http_body::Body for Tracked {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_late_call_is_answered_before_the_callers_own_timer_runs_out() {
+        assert_eq!(
+            answer_by(Duration::from_secs(2)),
+            Duration::from_millis(1950)
+        );
+        assert_eq!(
+            answer_by(Duration::from_millis(100)),
+            Duration::from_millis(90)
+        );
+        assert_eq!(answer_by(Duration::ZERO), Duration::ZERO);
+    }
 
     #[test]
     fn grpc_timeouts_read_every_unit_and_refuse_nonsense() {

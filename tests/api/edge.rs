@@ -565,3 +565,38 @@ async fn streams_anyone_may_open_cannot_take_the_room_of_coordinator_calls() {
     // Coordinator calls still have all their room.
     assert_an_authenticated_call_proceeds(&server, "room").await;
 }
+
+#[tokio::test]
+async fn a_tonic_client_whose_deadline_passes_hears_deadline_exceeded_not_its_own_cancelled() {
+    // tonic reports its own timer running out as CANCELLED ("Timeout
+    // expired"); the server answers first, so the caller sees the code it
+    // retries on.
+    let db = TestDatabase::create().await;
+    let server = ServerProcess::start(&db.url).await;
+    let mut blocker = db.connect().await;
+    let open = blocker.transaction().await.unwrap();
+    open.execute(
+        "SELECT idempotency_acquire('default', 's', 'late', '', '', 60000, 3, 60000, 0, 0)",
+        &[],
+    )
+    .await
+    .unwrap();
+    let client = server.client().await;
+    let calls = (0..8).map(|_| {
+        let mut client = client.clone();
+        async move {
+            let mut request = tonic::Request::new(acquire("s", "late"));
+            request.set_timeout(Duration::from_millis(800));
+            client.acquire(request).await.unwrap_err()
+        }
+    });
+    for status in futures::future::join_all(calls).await {
+        assert_eq!(
+            status.code(),
+            tonic::Code::DeadlineExceeded,
+            "{}",
+            status.message()
+        );
+    }
+    open.rollback().await.unwrap();
+}
