@@ -20,6 +20,10 @@
 //!   worker is stuck on a connection that stopped answering; a call a worker
 //!   has taken waits for its statement, which carries the moment the worker
 //!   stops waiting and rolls back if it finishes later (`sql/0006`).
+//! - **A dead connection holds up only its own batch.** When the connection
+//!   a batch runs on is retired (it stopped answering), the batch goes on
+//!   waiting for its statement in a task of its own, and its worker takes
+//!   the next calls on a new connection.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -196,8 +200,37 @@ async fn work<C: Call>(
         queued.fetch_sub(batch.len(), Ordering::Relaxed);
         batch.retain(|pending| !pending.claimed.swap(true, Ordering::AcqRel));
         drop_late(&mut batch);
-        if !batch.is_empty() {
-            run(&settings, &mut batch).await;
+        if batch.is_empty() {
+            continue;
+        }
+        let shared = match settings.mux.get(settings.connect_wait).await {
+            Ok(shared) => shared,
+            Err(e) => {
+                fail_all(&mut batch, e);
+                continue;
+            }
+        };
+        // (Re)connecting may have taken a while.
+        drop_late(&mut batch);
+        let retired = shared.retired();
+        let mut job = Box::pin({
+            let settings = Arc::clone(&settings);
+            let mut batch = std::mem::take(&mut batch);
+            async move {
+                run(&settings, &mut batch, &shared).await;
+                batch
+            }
+        });
+        tokio::select! {
+            biased;
+            done = &mut job => batch = done,
+            () = retired => {
+                // Its connection stopped answering: the batch waits for its
+                // statement (its callers hear how that ends, within the
+                // query timeout) while this worker takes the next calls on a
+                // new connection.
+                tokio::spawn(job);
+            }
         }
         batch.clear();
     }
@@ -225,20 +258,14 @@ fn not_taken() -> StoreError {
 }
 
 /// Runs the batch and answers every caller in it.
-async fn run<C: Call>(settings: &Settings, batch: &mut Vec<Pending<C>>) {
-    let shared = match settings.mux.get(settings.connect_wait).await {
-        Ok(shared) => shared,
-        Err(e) => return fail_all(batch, e),
-    };
-    // (Re)connecting may have taken a while.
-    drop_late(batch);
+async fn run<C: Call>(settings: &Settings, batch: &mut Vec<Pending<C>>, shared: &Arc<Shared>) {
     let mux = &settings.mux;
     let limit = settings.query_timeout;
     let stamp = settings.clock.stamp(super::mux::statement_limit(limit));
     if batch.len() <= 1 {
         if let Some(alone) = batch.pop() {
             let answer = mux
-                .in_time(&shared, limit, alone.call.one(&shared, stamp))
+                .in_time(shared, limit, alone.call.one(shared, stamp))
                 .await;
             let _ = alone.reply.send(answer);
         }
@@ -247,7 +274,7 @@ async fn run<C: Call>(settings: &Settings, batch: &mut Vec<Pending<C>>) {
     batch.sort_by(|a, b| a.call.row_key().cmp(&b.call.row_key()));
     let calls: Vec<&C> = batch.iter().map(|p| &p.call).collect();
     let rows = mux
-        .in_time(&shared, limit, C::many(&calls, &shared, stamp))
+        .in_time(shared, limit, C::many(&calls, shared, stamp))
         .await;
     drop(calls);
     let rows = match rows {
@@ -263,7 +290,6 @@ async fn run<C: Call>(settings: &Settings, batch: &mut Vec<Pending<C>>) {
             );
             // Pipelined together: a call that fails every time costs its
             // batch-mates one more round trip, not one each.
-            let shared = &shared;
             let stamp = settings.clock.stamp(super::mux::statement_limit(limit));
             let alone = batch
                 .drain(..)

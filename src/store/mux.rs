@@ -28,6 +28,8 @@ pub(super) struct Shared {
     slot: usize,
     pub client: Client,
     prepared: std::sync::Mutex<HashMap<&'static str, Statement>>,
+    /// `true` once retired.
+    retired: tokio::sync::watch::Sender<bool>,
 }
 
 impl Shared {
@@ -59,6 +61,14 @@ impl Shared {
     ) -> Result<Vec<Row>, StoreError> {
         let statement = self.prepare(sql).await?;
         Ok(self.client.query(&statement, params).await?)
+    }
+
+    /// Resolves once this connection is retired.
+    pub fn retired(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut retired = self.retired.subscribe();
+        async move {
+            let _ = retired.wait_for(|retired| *retired).await;
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<&'static str, Statement>> {
@@ -134,6 +144,7 @@ impl Mux {
             slot: index,
             client,
             prepared: std::sync::Mutex::new(HashMap::new()),
+            retired: tokio::sync::watch::channel(false).0,
         });
         *slot = Some(Arc::clone(&shared));
         Ok(shared)
@@ -147,6 +158,7 @@ impl Mux {
         let mut slot = self.slots[shared.slot].write().await;
         if slot.as_ref().is_some_and(|s| Arc::ptr_eq(s, shared)) {
             *slot = None;
+            shared.retired.send_replace(true);
             tracing::warn!(
                 connection = shared.slot,
                 "a shared database connection stopped answering; replacing it"
