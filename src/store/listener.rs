@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use super::clock::Clock;
+use super::connect_error::ConnectError;
 use crate::domain::{Key, RecordId, Scope, Tenant};
 
 /// The channel the SQL functions notify a watched record's change on
@@ -126,8 +127,8 @@ async fn listen_once(
     let connect = tokio::time::timeout(interval * 2, pg.connect(NoTls)).await;
     let (client, mut connection) = match connect {
         Ok(Ok(pair)) => pair,
-        Ok(Err(e)) => return (format!("cannot connect: {}", e), false),
-        Err(_) => return ("connecting timed out".to_owned(), false),
+        Ok(Err(e)) => return (ConnectError::connecting(pg, &e).to_string(), false),
+        Err(_) => return (ConnectError::timed_out(pg, interval * 5).to_string(), false),
     };
     let on_change = Arc::clone(on_change);
     let driver = tokio::spawn(async move {

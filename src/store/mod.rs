@@ -24,11 +24,15 @@
 //! - `listener`: the LISTEN connection and the database's clock;
 //! - `probe`: whether the connections calls use answer (readiness), and
 //!   replacing one that silently stopped;
-//! - `migrate`: applying `sql/` in order.
+//! - `migrate`: applying `sql/` in order;
+//! - [`connect_error`]: why a connection failed, in one sentence naming
+//!   where it went and what to check; and the database URLs refused before
+//!   any connection is tried.
 
 mod batch;
 mod calls;
 mod clock;
+pub mod connect_error;
 mod error;
 pub mod listener;
 mod maintenance;
@@ -58,6 +62,7 @@ use crate::domain::{
 };
 
 pub use clock::Clock;
+pub use connect_error::{ConnectError, ConnectTarget, UrlError};
 pub use error::{QueryTimeout, StoreError};
 pub use listener::Change;
 pub use setup::{StoreConfig, pg_config};
@@ -85,6 +90,8 @@ pub struct Store {
     /// SUCCEEDED records that answer replays without a round trip, if
     /// configured.
     replays: Option<Arc<Replays>>,
+    /// Where connections go, for the messages of failed ones.
+    target: Arc<ConnectTarget>,
 }
 
 // Each ends with the deadline check that `calls` explains.

@@ -21,6 +21,7 @@ use tokio_postgres::{Client, NoTls, Row, Statement};
 
 use super::StoreError;
 use super::error::QueryTimeout;
+use super::connect_error::ConnectError;
 
 /// One shared connection and the statements prepared on it.
 pub(super) struct Shared {
@@ -136,9 +137,9 @@ impl Mux {
         }
         let (client, connection) = tokio::time::timeout(wait, self.pg.connect(NoTls))
             .await
-            .map_err(|_| {
-                StoreError::Unavailable("connecting to the database timed out".into())
-            })??;
+            .map_err(|_| ConnectError::timed_out(&self.pg, wait))
+            .and_then(|connected| connected.map_err(|e| ConnectError::connecting(&self.pg, &e)))
+            .map_err(|e| StoreError::Unavailable(Box::new(e)))?;
         tokio::spawn(connection);
         let shared = Arc::new(Shared {
             slot: index,

@@ -13,6 +13,7 @@ use tokio_postgres::{Row, types::ToSql};
 
 use super::batch::{self, Call};
 use super::clock::Stamp;
+use super::connect_error::ConnectError;
 use super::error::QueryTimeout;
 use super::mux::statement_limit;
 use super::{Store, StoreError};
@@ -31,10 +32,9 @@ impl Store {
             create: Some(wait),
             recycle: Some(wait),
         };
-        self.pool
-            .timeout_get(&timeouts)
-            .await
-            .map_err(|e| StoreError::Unavailable(Box::new(e)))
+        self.pool.timeout_get(&timeouts).await.map_err(|e| {
+            StoreError::Unavailable(Box::new(ConnectError::from_pool(&self.target, &e, wait)))
+        })
     }
 
     pub(super) async fn query(

@@ -9,6 +9,7 @@ use tokio_postgres::NoTls;
 
 use super::calls::{AcquireCall, CompleteCall};
 use super::clock::Clock;
+use super::connect_error::ConnectTarget;
 use super::replays::Replays;
 use super::{Store, StoreError, batch, mux};
 
@@ -75,6 +76,7 @@ impl Store {
     /// the database is down.
     pub fn new(config: &StoreConfig, clock: Clock) -> Result<Self, StoreError> {
         let pg = pg_config(&config.database_url).map_err(|e| StoreError::Config(Box::new(e)))?;
+        let target = Arc::new(ConnectTarget::of(&pg));
         let manager = Manager::from_config(
             pg.clone(),
             NoTls,
@@ -124,6 +126,7 @@ impl Store {
             mux,
             batches,
             replays: Replays::new(config.replay_cache_bytes).map(Arc::new),
+            target,
         })
     }
 }
