@@ -68,6 +68,13 @@ pub const DEFAULT_SWEEP_BATCH: u32 = 1000;
 pub const DEFAULT_DUE_OFFER: Duration = Duration::from_secs(30);
 /// How often an idle recovery feed looks for newly due records.
 pub const DEFAULT_DUE_POLL: Duration = Duration::from_secs(1);
+/// How long `serve` waits for the database at start before it exits: longer
+/// than PostgreSQL takes to start, recover from a crash or fail over to a
+/// standby (usually well under a minute or two), short enough that a
+/// database that will not come (a wrong host, a role nobody creates) ends in
+/// an exit that supervisors count and show, not in a process that waits
+/// unnoticed.
+pub const DEFAULT_DATABASE_WAIT: Duration = Duration::from_secs(300);
 
 fn hd(d: Duration) -> humantime::Duration {
     d.into()
@@ -361,6 +368,13 @@ pub struct ServeArgs {
     /// NOT_SERVING, so load balancers stop sending new calls first.
     #[arg(long, env = "IDEMPOTENCY_SHUTDOWN_DELAY", default_value_t = hd(Duration::ZERO))]
     pub shutdown_delay: humantime::Duration,
+
+    /// At start, how long to wait for the database to answer (and to apply
+    /// migrations), retrying with backoff while liveness is SERVING and
+    /// readiness NOT_SERVING, before exiting; 0 waits forever. A database
+    /// URL that cannot work exits at once.
+    #[arg(long, env = "IDEMPOTENCY_DATABASE_WAIT", default_value_t = hd(DEFAULT_DATABASE_WAIT))]
+    pub database_wait: humantime::Duration,
 }
 
 impl StoreConfig {
@@ -422,6 +436,9 @@ pub struct ServeConfig {
     pub allow_empty_credentials: bool,
     /// TLS files; `None`: plaintext.
     pub tls: Option<TlsFiles>,
+    /// How long to wait for the database at start: `None` forever, zero
+    /// one attempt.
+    pub database_wait: Option<Duration>,
 }
 
 impl ServeConfig {
@@ -459,6 +476,7 @@ impl ServeConfig {
             },
             allow_empty_credentials: false,
             tls: None,
+            database_wait: Some(DEFAULT_DATABASE_WAIT),
         }
     }
 }
@@ -533,6 +551,7 @@ impl From<ServeArgs> for ServeConfig {
                 key,
                 client_ca: a.tls_client_ca,
             }),
+            database_wait: nonzero(a.database_wait.into()),
         }
     }
 }

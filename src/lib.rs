@@ -21,7 +21,9 @@
 //!   [`store::names`] (rows and the SQL functions' names into domain values),
 //!   `store::replays` (SUCCEEDED records answered from memory until shortly
 //!   before they expire), [`store::listener`] (the LISTEN connection and the
-//!   database's clock) and [`store::migrate`] (applies `sql/` in order).
+//!   database's clock), [`store::migrate`] (applies `sql/` in order) and
+//!   [`store::connect_error`] (every failed connection said once: where it
+//!   went, why, what to check; and the database URLs refused up front).
 //! - [`service`]: the gRPC `Coordinator` trait: decode into domain commands,
 //!   call the store, encode the answer; `service::wait` holds Acquire's wait
 //!   window and the Watch stream.
@@ -45,7 +47,9 @@
 //!   read, and holds the body to size and time limits while it arrives.
 //! - [`startup`]: builds the server (Coordinator, health, reflection) exactly
 //!   as production and tests run it, and wires the listener's state to
-//!   readiness and to the hub.
+//!   readiness and to the hub; binds the port first and waits for the
+//!   database (and migrates it) while serving, Coordinator calls answered
+//!   UNAVAILABLE until it is ready.
 //! - [`notify`]: the hub: waiting without a database connection. The
 //!   listener's changes fanned out to this process's waiters, the waiter
 //!   limits, and one shared read per record for the waiters a change wakes.

@@ -1,6 +1,7 @@
 //! `idempotency-coordinator serve | migrate`: parse the configuration, set up
 //! logging, start the private PostgreSQL when no database URL is given,
-//! build, run until SIGTERM or SIGINT, stop the private PostgreSQL.
+//! bind, serve (waiting for the database meanwhile) until SIGTERM or SIGINT,
+//! stop the private PostgreSQL.
 
 use std::future::Future;
 use std::process::ExitCode;
@@ -9,8 +10,8 @@ use clap::Parser;
 use idempotency_coordinator::config::{Cli, Command, DatabaseArgs, HealthArgs, ServeConfig};
 use idempotency_coordinator::embedded::{self, Embedded};
 use idempotency_coordinator::error::cause_chain;
-use idempotency_coordinator::startup::{Application, StartupError, run_migrations};
-use idempotency_coordinator::store::{Clock, Store, StoreConfig};
+use idempotency_coordinator::startup::{Application, StartupError, wait_for_database};
+use idempotency_coordinator::store::{Clock, Store, StoreConfig, connect_error};
 use idempotency_coordinator::{shutdown, telemetry};
 
 /// jemalloc rather than the system allocator: a burst of calls (ten thousand
@@ -85,7 +86,8 @@ async fn run(cli: Cli) -> Result<(), StartupError> {
             let db = args.database.clone();
             on_database(&db, |url| async move {
                 args.database.database_url = Some(url);
-                let app = Application::build(ServeConfig::from(*args)).await?;
+                // Serves at once; the database is waited for while serving.
+                let app = Application::bind(ServeConfig::from(*args)).await?;
                 app.run_until(shutdown::signal()).await
             })
             .await
@@ -93,10 +95,13 @@ async fn run(cli: Cli) -> Result<(), StartupError> {
         Command::Health(args) => health(&args).await,
         Command::Migrate(db) => {
             on_database(&db, |url| async move {
+                let pg = connect_error::check_url(&url)?;
                 let config = StoreConfig::for_migrations(url);
                 let store =
                     Store::new(&config, Clock::default()).map_err(StartupError::Database)?;
-                run_migrations(&store).await.map(|_| ())
+                // One attempt: whatever runs `migrate` (a Job, Compose)
+                // retries it.
+                wait_for_database(&store, &pg, true, Some(std::time::Duration::ZERO)).await
             })
             .await
         }

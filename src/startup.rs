@@ -1,22 +1,33 @@
 //! Builds the server exactly as production runs it: tests boot this same
 //! `Application` on port 0 against their own database.
+//!
+//! `serve` binds its port first and serves at once: liveness SERVING,
+//! readiness NOT_SERVING and Coordinator calls UNAVAILABLE while it waits for
+//! the database (and migrates it), retrying with backoff for up to
+//! `--database-wait`; then it starts the listener (readiness) and the
+//! sweeper, and opens the Coordinator. A database URL that cannot work is
+//! refused before the port is bound.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
+use tonic::Status;
 use tonic::service::Routes;
+use tonic::service::interceptor::InterceptedService;
 use tonic_health::ServingStatus;
 
 use crate::auth::{Authenticator, CredentialsError};
 use crate::config::ServeConfig;
-use crate::error::cause_chain;
+use crate::error::{Error, cause_chain};
 use crate::notify::Hub;
 use crate::proto::{self, coordinator_server::CoordinatorServer};
 use crate::recovery::Webhook;
 use crate::service::CoordinatorService;
-use crate::store::{self, Clock, Store, StoreError, migrate};
+use crate::store::{self, Clock, ConnectTarget, Store, StoreError, UrlError, migrate};
 use crate::sweeper::{self, SweepTotals, Sweeper};
 use crate::tls::{Tls, TlsError};
 use crate::transport::{self, Admission};
@@ -24,12 +35,37 @@ use crate::transport::{self, Admission};
 /// Room for the rest of a Complete request around the largest result.
 const REQUEST_OVERHEAD_BYTES: usize = 64 * 1024;
 
+/// The pause after the first failed attempt to reach the database at
+/// start; it doubles with each attempt, up to [`MAX_DATABASE_RETRY`].
+const FIRST_DATABASE_RETRY: Duration = Duration::from_millis(250);
+/// The longest pause between attempts to reach the database at start.
+const MAX_DATABASE_RETRY: Duration = Duration::from_secs(5);
+/// The longest one attempt to connect may take (a host that drops packets
+/// never refuses).
+const DATABASE_ATTEMPT_LIMIT: Duration = Duration::from_secs(10);
+
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
     #[error("invalid configuration: {0}")]
     Config(String),
-    #[error("cannot reach the database to migrate it")]
+    #[error("cannot set up the database connections")]
     Database(#[source] StoreError),
+    /// The database URL cannot work, however long one waits.
+    #[error(transparent)]
+    DatabaseUrl(#[from] UrlError),
+    /// The one attempt allowed failed (`migrate`, or a zero wait).
+    #[error("{}", cause_chain(.0.as_ref()))]
+    Unreachable(Box<dyn std::error::Error + Send + Sync>),
+    /// The database did not answer within --database-wait.
+    #[error(
+        "gave up on the database after {attempts} attempts in {waited:?} (--database-wait): {}",
+        cause_chain(.last.as_ref())
+    )]
+    GaveUp {
+        attempts: u32,
+        waited: Duration,
+        last: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("{0}")]
     Unhealthy(String),
     #[error("cannot start the private PostgreSQL")]
@@ -50,16 +86,117 @@ pub enum StartupError {
     Reflection(#[from] tonic_reflection::server::Error),
 }
 
-/// Applies pending migrations, and logs what it did.
-pub async fn run_migrations(store: &Store) -> Result<Vec<i32>, StartupError> {
-    let applied = store.migrate().await?;
-    if applied.is_empty() {
-        tracing::info!("database schema is current");
-    } else {
-        tracing::info!(?applied, "applied migrations");
+/// Waits until the database at `pg` answers and, with `migrate`, applies
+/// its pending migrations through `store`: one attempt, then retries after
+/// 250 ms doubling to 5 s, each failure logged with where it tried and why,
+/// for at most `bound` (`None`: forever; zero: the one attempt).
+///
+/// Every connection failure is retried, refusals by the server included (no
+/// such database or role, a refused password): those are fixed on the
+/// database's side, and a database being provisioned shows them for a while.
+/// What retrying cannot fix ends the wait at once: a migration that fails
+/// other than by losing its connection. (A URL that cannot work never gets
+/// here: [`store::connect_error::check_url`] refuses it first.)
+pub async fn wait_for_database(
+    store: &Store,
+    pg: &tokio_postgres::Config,
+    migrate: bool,
+    bound: Option<Duration>,
+) -> Result<(), StartupError> {
+    let target = ConnectTarget::of(pg);
+    let started = Instant::now();
+    let mut pause = FIRST_DATABASE_RETRY;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let failure = match attempt_database(store, pg, migrate).await {
+            Ok(()) => {
+                tracing::info!(
+                    attempts = attempt,
+                    waited = ?started.elapsed(),
+                    host = %target.places(),
+                    database = %target.database(),
+                    user = %target.user(),
+                    "database ready"
+                );
+                return Ok(());
+            }
+            Err(Attempt::Fatal(e)) => return Err(e),
+            Err(Attempt::Retry(failure)) => failure,
+        };
+        let waited = started.elapsed();
+        let left = bound.map(|bound| bound.saturating_sub(waited));
+        if left == Some(Duration::ZERO) {
+            return Err(if attempt == 1 {
+                StartupError::Unreachable(failure)
+            } else {
+                StartupError::GaveUp {
+                    attempts: attempt,
+                    waited,
+                    last: failure,
+                }
+            });
+        }
+        let retry_in = left.map_or(pause, |left| left.min(pause));
+        tracing::warn!(
+            attempt,
+            error = %cause_chain(failure.as_ref()),
+            host = %target.places(),
+            database = %target.database(),
+            user = %target.user(),
+            ?retry_in,
+            "waiting for the database"
+        );
+        tokio::time::sleep(retry_in).await;
+        pause = (pause * 2).min(MAX_DATABASE_RETRY);
     }
-    Ok(applied)
 }
+
+/// How one attempt to reach (and migrate) the database failed.
+enum Attempt {
+    /// Worth another attempt.
+    Retry(Box<dyn std::error::Error + Send + Sync>),
+    /// Not worth one.
+    Fatal(StartupError),
+}
+
+/// Connects once, and migrates when asked.
+async fn attempt_database(
+    store: &Store,
+    pg: &tokio_postgres::Config,
+    migrate: bool,
+) -> Result<(), Attempt> {
+    store::connect_error::probe(pg, DATABASE_ATTEMPT_LIMIT)
+        .await
+        .map_err(|e| Attempt::Retry(Box::new(e)))?;
+    if !migrate {
+        return Ok(());
+    }
+    match store.migrate().await {
+        Ok(applied) if applied.is_empty() => tracing::info!("database schema is current"),
+        Ok(applied) => tracing::info!(?applied, "applied migrations"),
+        // The connection went away between the probe and the migration,
+        // or during it (which rolled it back).
+        Err(migrate::MigrateError::Connect(e)) => return Err(Attempt::Retry(Box::new(e))),
+        Err(migrate::MigrateError::Database(e)) => {
+            return Err(match StoreError::from(e) {
+                StoreError::Unavailable(e) => Attempt::Retry(e),
+                StoreError::Query(e) => {
+                    Attempt::Fatal(StartupError::Migrate(migrate::MigrateError::Database(e)))
+                }
+                other => Attempt::Fatal(StartupError::Database(other)),
+            });
+        }
+        Err(e) => return Err(Attempt::Fatal(e.into())),
+    }
+    Ok(())
+}
+
+/// What a Coordinator call hears while the server waits for the database
+/// at start.
+#[derive(Debug, thiserror::Error)]
+#[error("the server is still waiting for the database at start-up")]
+struct WaitingForDatabase;
 
 /// Open files the server needs besides client connections: its database
 /// connections, the listener, the runtime's own, the webhook's and logs.
@@ -89,7 +226,8 @@ fn connection_cap(config: &ServeConfig) -> usize {
     wanted.min(fits)
 }
 
-/// A server that is bound and migrated, ready to run.
+/// A bound server, ready to run: built (database reached and migrated) or
+/// only bound (`run_until` then waits for the database while it serves).
 pub struct Application {
     /// Bound before `run_until`, so the port is known (and taken) at once.
     listener: TcpListener,
@@ -105,10 +243,31 @@ pub struct Application {
     auth: Arc<Authenticator>,
     /// TLS in force, when configured.
     tls: Option<Arc<Tls>>,
+    /// The database URL, parsed and checked.
+    pg: tokio_postgres::Config,
+    /// The database answered (and was migrated) before `run_until`.
+    database_ready: bool,
 }
 
 impl Application {
+    /// [`Application::bind`], then, when it migrates, waits for the database
+    /// (up to `database_wait`) and migrates it before returning, so that the
+    /// first call finds the schema; without migrations `run_until` waits for
+    /// the database while it serves, as `serve` does.
     pub async fn build(config: ServeConfig) -> Result<Self, StartupError> {
+        let mut app = Application::bind(config).await?;
+        if app.config.run_migrations {
+            wait_for_database(&app.store, &app.pg, true, app.config.database_wait).await?;
+            app.database_ready = true;
+        }
+        Ok(app)
+    }
+
+    /// Everything that needs no database: checks the configuration (a
+    /// database URL that cannot work included), reads the credentials and
+    /// certificates, and binds the port. `run_until` then serves at once and
+    /// waits for the database (and migrates it) in the background.
+    pub async fn bind(config: ServeConfig) -> Result<Self, StartupError> {
         config.policy.check().map_err(StartupError::Config)?;
         if config.max_request_bytes < config.policy.max_result_bytes + REQUEST_OVERHEAD_BYTES {
             return Err(StartupError::Config(format!(
@@ -128,10 +287,8 @@ impl Application {
             config.allow_empty_credentials,
         )?);
         let tls = config.tls.clone().map(Tls::load).transpose()?.map(Arc::new);
+        let pg = store::connect_error::check_url(&config.store.database_url)?;
         let store = Store::new(&config.store, Clock::default()).map_err(StartupError::Database)?;
-        if config.run_migrations {
-            run_migrations(&store).await?;
-        }
         let listener =
             TcpListener::bind(config.listen)
                 .await
@@ -148,6 +305,8 @@ impl Application {
             sweep_totals: Arc::default(),
             auth,
             tls,
+            pg,
+            database_ready: false,
         })
     }
 
@@ -191,6 +350,11 @@ impl Application {
     /// Serves until `shutdown` resolves; then readiness and liveness turn
     /// NOT_SERVING, new connections are refused after the configured delay,
     /// and calls in flight finish.
+    ///
+    /// Until the database is ready (see [`wait_for_database`]) liveness is
+    /// SERVING, readiness NOT_SERVING and Coordinator calls are answered
+    /// UNAVAILABLE; the listener and the sweeper start once it is. Returns
+    /// the error when the wait ends without a database, after closing.
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> Result<(), StartupError> {
         let Application {
             listener,
@@ -200,6 +364,8 @@ impl Application {
             sweep_totals,
             auth,
             tls,
+            pg,
+            database_ready,
         } = self;
         if auth.is_on() {
             tracing::info!("authentication on: bearer tokens required");
@@ -219,21 +385,6 @@ impl Application {
         reporter
             .set_not_serving::<CoordinatorServer<CoordinatorService>>()
             .await;
-        let pg = store::pg_config(&config.store.database_url)
-            .map_err(|e| StartupError::Config(cause_chain(&e)))?;
-        let changes = store::listener::start(pg, config.health_interval, store.clock().clone(), {
-            let hub = Arc::clone(&hub);
-            move |change| hub.on_change(change)
-        });
-        let listener_task = changes.task;
-        let probe = store::probe::start(store.clone(), config.health_interval);
-        let probe_task = probe.task;
-        let following = tokio::spawn(follow_database(
-            changes.listening,
-            probe.answering,
-            Arc::clone(&hub),
-            reporter.clone(),
-        ));
         let hub_at_drain = Arc::clone(&hub);
         // Outlives the listener, which the drain stops: calls still waiting
         // then hear of changes by polling.
@@ -255,17 +406,61 @@ impl Application {
             .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
             .build_v1alpha()?;
         let sweeper = Sweeper::new(store.clone(), config.sweep_batch);
-        let sweeping = (!config.sweep_interval.is_zero()).then(|| {
-            tokio::spawn(sweeper::run(
-                sweeper.clone(),
-                config.sweep_interval,
-                sweep_totals,
-                config.webhook.clone().map(Webhook::start),
-            ))
-        });
-        if sweeping.is_none() && config.webhook.is_some() {
+        if config.sweep_interval.is_zero() && config.webhook.is_some() {
             tracing::warn!("the recovery webhook runs with the sweeper, which is off");
         }
+        // Coordinator calls are answered UNAVAILABLE until the database is
+        // ready.
+        let database_up = Arc::new(AtomicBool::new(database_ready));
+        let gate = {
+            let up = Arc::clone(&database_up);
+            move |request: tonic::Request<()>| {
+                if up.load(Ordering::Acquire) {
+                    Ok(request)
+                } else {
+                    Err(Status::from(Error::Unavailable(Box::new(
+                        WaitingForDatabase,
+                    ))))
+                }
+            }
+        };
+        // What runs once the database is ready: the listener (and with it
+        // readiness) and the sweeper.
+        let start_database_work = {
+            let hub = Arc::clone(&hub);
+            let reporter = reporter.clone();
+            let clock = store.clock().clone();
+            let sweeper = sweeper.clone();
+            let health_interval = config.health_interval;
+            let sweep_interval = config.sweep_interval;
+            let webhook = config.webhook.clone();
+            let probed = store.clone();
+            move |pg| {
+                let changes = store::listener::start(pg, health_interval, clock, {
+                    let hub = Arc::clone(&hub);
+                    move |change| hub.on_change(change)
+                });
+                let listener_task = changes.task;
+                let probe = store::probe::start(probed, health_interval);
+                let following = tokio::spawn(follow_database(
+                    changes.listening,
+                    probe.answering,
+                    Arc::clone(&hub),
+                    reporter.clone(),
+                ));
+                let sweeping = (!sweep_interval.is_zero()).then(|| {
+                    tokio::spawn(sweeper::run(
+                        sweeper,
+                        sweep_interval,
+                        sweep_totals,
+                        webhook.map(Webhook::start),
+                    ))
+                });
+                [Some(listener_task), Some(probe.task), Some(following), sweeping]
+            }
+        };
+        let store_to_wait_on = store.clone();
+        let (run_migrations, database_wait) = (config.run_migrations, config.database_wait);
         let coordinator = CoordinatorServer::new(CoordinatorService::new(
             store,
             Arc::new(config.policy.clone()),
@@ -279,26 +474,52 @@ impl Application {
         // --max-request-bytes admission refuses them (RESOURCE_EXHAUSTED)
         // from their length prefix, before they arrive.
         .max_decoding_message_size(config.max_request_bytes);
+        let coordinator = InterceptedService::new(coordinator, gate);
 
         let shutdown_delay = config.shutdown_delay;
+        let (failed, failure) = tokio::sync::oneshot::channel();
         let drain = async move {
-            shutdown.await;
-            listener_task.abort();
-            probe_task.abort();
-            following.abort();
+            tokio::pin!(shutdown);
+            let waited = if database_ready {
+                Some(Ok(()))
+            } else {
+                tokio::select! {
+                    () = &mut shutdown => None,
+                    waited = wait_for_database(
+                        &store_to_wait_on,
+                        &pg,
+                        run_migrations,
+                        database_wait,
+                    ) => Some(waited),
+                }
+            };
+            let running = match waited {
+                Some(Ok(())) => {
+                    let running = start_database_work(pg);
+                    database_up.store(true, Ordering::Release);
+                    shutdown.await;
+                    Some(running)
+                }
+                Some(Err(e)) => {
+                    let _ = failed.send(e);
+                    None
+                }
+                None => None,
+            };
+            for task in running.iter().flatten().flatten() {
+                task.abort();
+            }
             // Calls still waiting hear of changes by polling from now on.
             hub_at_drain.set_connected(false);
             reloading.abort();
-            if let Some(sweeping) = &sweeping {
-                sweeping.abort();
-            }
             reporter
                 .set_not_serving::<CoordinatorServer<CoordinatorService>>()
                 .await;
             reporter
                 .set_service_status("", ServingStatus::NotServing)
                 .await;
-            if !shutdown_delay.is_zero() {
+            // A server that never was ready had no traffic sent its way.
+            if !shutdown_delay.is_zero() && running.is_some() {
                 tracing::info!(?shutdown_delay, "not ready; draining before closing");
                 tokio::time::sleep(shutdown_delay).await;
             }
@@ -328,6 +549,9 @@ impl Application {
         );
         transport::serve(listener, tls, admission, connections, drain).await;
         polling.abort();
+        if let Ok(e) = failure.await {
+            return Err(e);
+        }
         tracing::info!("stopped");
         Ok(())
     }

@@ -28,6 +28,9 @@ pub struct Launch<'a> {
     /// Run on the private PostgreSQL in this data dir, with no database URL
     /// (the `database_url` argument is then ignored).
     pub data_dir: Option<&'a std::path::Path>,
+    /// Return once the port is served, without waiting for the server to
+    /// reach (and migrate) its database.
+    pub before_database: bool,
 }
 
 impl ServerProcess {
@@ -76,20 +79,31 @@ impl ServerProcess {
         let logs = Arc::new(std::sync::Mutex::new(Vec::new()));
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
         let addr = tokio::time::timeout(Duration::from_secs(30), async {
+            let mut addr = None;
             while let Some(line) = lines.next_line().await.expect("server log") {
                 logs.lock().unwrap().push(line.clone());
                 let Ok(entry) = serde_json::from_str::<serde_json::Value>(&line) else {
                     continue;
                 };
                 if entry["fields"]["message"] == "listening" {
-                    let addr = entry["fields"]["addr"].as_str().expect("addr field");
-                    return addr.parse::<SocketAddr>().expect("socket address");
+                    let bound = entry["fields"]["addr"].as_str().expect("addr field");
+                    addr = Some(bound.parse::<SocketAddr>().expect("socket address"));
+                }
+                // The port is served at once; calls are answered once the
+                // database is ready.
+                if let Some(addr) = addr
+                    && (launch.before_database || entry["fields"]["message"] == "database ready")
+                {
+                    return addr;
                 }
             }
-            panic!("the server exited before listening");
+            panic!(
+                "the server exited before it was ready: {:#?}",
+                logs.lock().unwrap()
+            );
         })
         .await
-        .expect("the server did not start listening within 30 s");
+        .expect("the server was not ready within 30 s");
         // Keep reading so the server never blocks on a full pipe.
         let kept = Arc::clone(&logs);
         tokio::spawn(async move {
