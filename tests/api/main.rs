@@ -20,6 +20,7 @@ mod hostile;
 mod migrations;
 mod replays;
 mod replicas;
+mod startup;
 mod sweep;
 mod tls;
 mod validation;
