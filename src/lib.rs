@@ -56,6 +56,11 @@
 //! - [`tls`]: TLS and mutual TLS on the gRPC port, reloadable.
 //! - [`shutdown`]: the signals that start a graceful shutdown.
 //! - [`telemetry`]: logging set-up.
+//! - [`history`]: histories of calls (JSON lines) and the checker that holds
+//!   them to the coordinator's promises (results kept, one result per
+//!   record, fencing tokens growing, one live lease per key, every PROCEED
+//!   accounted for); used by the fault tests and the benchmark. Pure: uses
+//!   nothing of ours.
 //!
 //! Dependencies point one way: `service` uses `domain`, `store`, `notify`
 //! and `error` (and the caller's deadline as `transport` read it);
@@ -69,6 +74,7 @@ pub mod config;
 pub mod domain;
 pub mod embedded;
 pub mod error;
+pub mod history;
 pub mod notify;
 pub mod recovery;
 pub mod service;
