@@ -1,0 +1,292 @@
+//! Defects an earlier probe found, held as behaviour: each test fails while
+//! its defect is there.
+
+use std::time::{Duration, Instant};
+
+use idempotency_coordinator::history::Entry;
+use idempotency_coordinator::proto;
+
+use crate::client::Recording;
+use crate::harness::*;
+use crate::proxy::Mode;
+use crate::recorder::now_us;
+use crate::scenarios::{Fault, run};
+
+/// Readiness samples that said SERVING while calls had been failing for
+/// more than `limit`: failing since the first failed call after the last
+/// call the database answered.
+fn serving_while_failing(history: &[Entry], samples: &[Sample], limit: Duration, t0: i64) -> Vec<String> {
+    let calls: Vec<_> = history
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Call(c) => Some(c),
+            Entry::Final(_) => None,
+        })
+        .collect();
+    samples
+        .iter()
+        .filter(|s| ready(s))
+        .filter_map(|s| {
+            let last_ok = calls
+                .iter()
+                .filter(|c| went_to_database(c) && c.end_us <= s.at_us)
+                .map(|c| c.end_us)
+                .max()
+                .unwrap_or(i64::MIN);
+            let failing_since = calls
+                .iter()
+                .filter(|c| !c.ok() && c.end_us > last_ok && c.end_us <= s.at_us)
+                .map(|c| c.end_us)
+                .min()?;
+            (s.at_us - failing_since > limit.as_micros() as i64).then(|| {
+                format!(
+                    "SERVING at +{:.2}s while calls had failed since +{:.2}s",
+                    secs(t0, s.at_us),
+                    secs(t0, failing_since)
+                )
+            })
+        })
+        .collect()
+}
+
+/// (a) Connections silently dead while new ones would work: calls work
+/// again within 20 s, and readiness does not say SERVING while calls have
+/// been failing for more than 5 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_dead_connections_are_replaced_and_readiness_tells() {
+    let _turn = serial().await;
+    let run = run(Fault::DeadConnections, "regression-a-dead-connections").await;
+    let problems = serving_while_failing(&run.history, &run.samples, Duration::from_secs(5), run.fault_at);
+    let recovered = run.healed_at.map(|at| secs(run.fault_at, at));
+    println!("REGRESSION a: calls recovered after {recovered:?} s; {} SERVING samples while failing over 5 s", problems.len());
+    assert!(
+        recovered.is_some(),
+        "calls did not work again within 20 s of their connections going dead"
+    );
+    assert_none("readiness while calls fail", &problems);
+}
+
+/// Waits until the proxy holds no bytes and no statement runs in the
+/// database but the test's own: whatever the coordinator sent has arrived
+/// and finished.
+async fn until_settled(env: &Env) {
+    let db = env.cluster.connect().await;
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let running: i64 = db
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
+                    AND state NOT IN ('idle')",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if running == 0 && env.proxy.pending() == 0 {
+            return;
+        }
+        assert!(Instant::now() < end, "{running} statements still running, {} bytes held", env.proxy.pending());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// (b) The network pauses: an Acquire without request_id answers
+/// UNAVAILABLE, and once the network is back that Acquire must not have
+/// taken effect late (a statement that arrives after its caller gave up is
+/// refused by the database).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_an_acquire_answered_unavailable_never_commits_later() {
+    let _turn = serial().await;
+    let env = Env::start(1, FLAGS).await;
+    let monitor = Monitor::start(env.addr(0)).await;
+    let t0 = now_us();
+    assert!(monitor.until(t0, Duration::from_secs(10), ready).await.is_some());
+    let history = Default::default();
+    let mut client = Recording::connect(env.addr(0), history).await;
+    env.proxy.set(Mode::Blackhole);
+    let req = proto::AcquireRequest {
+        scope: SCOPE.into(),
+        key: "paused".into(),
+        lease_ttl: Some(prost_types::Duration { seconds: 60, nanos: 0 }),
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let answer = client.acquire(req, Duration::from_secs(3)).await;
+    let took = started.elapsed();
+    env.proxy.set(Mode::Pass);
+    let back = now_us();
+    assert!(monitor.until(back, Duration::from_secs(10), ready).await.is_some(), "not ready again");
+    until_settled(&env).await;
+    let rows: Vec<String> = env
+        .cluster
+        .connect()
+        .await
+        .query(
+            "SELECT status FROM idempotency_keys WHERE idempotency_key = 'paused'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let code = answer.as_ref().map(|a| a.as_ref().err().map(tonic::Status::code));
+    println!("REGRESSION b: the paused Acquire answered {code:?} after {took:?}; the key holds {rows:?} once the network is back");
+    assert_eq!(code, Some(Some(tonic::Code::Unavailable)), "{answer:?}");
+    assert!(
+        !rows.iter().any(|s| s == "PROCESSING"),
+        "the Acquire answered UNAVAILABLE took effect after the network came back: {rows:?}"
+    );
+}
+
+/// (c) With the network cut, calls queued behind the batch workers that
+/// are stuck on it answer UNAVAILABLE after --connect-wait, not at their
+/// own (longer) deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_calls_queued_behind_stuck_batches_answer_after_connect_wait() {
+    let _turn = serial().await;
+    let connect_wait = Duration::from_millis(500);
+    let env = Env::start(
+        1,
+        &["--connect-wait", "500ms", "--query-timeout", "5s"],
+    )
+    .await;
+    let monitor = Monitor::start(env.addr(0)).await;
+    assert!(monitor.until(now_us(), Duration::from_secs(10), ready).await.is_some());
+    let history = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let client = Recording::connect(env.addr(0), std::sync::Arc::clone(&history)).await;
+    let deadline = Duration::from_secs(8);
+    let acquire = |key: String| {
+        let mut client = client.clone();
+        tokio::spawn(async move {
+            let req = proto::AcquireRequest {
+                scope: SCOPE.into(),
+                key,
+                ..Default::default()
+            };
+            client.acquire(req, deadline).await
+        })
+    };
+    env.proxy.set(Mode::Blackhole);
+    // The first calls take the batch workers into the cut network.
+    let stuck: Vec<_> = (0..2).map(|i| acquire(format!("stuck-{i}"))).collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let queued_at = now_us();
+    let queued: Vec<_> = (0..10).map(|i| acquire(format!("queued-{i}"))).collect();
+    for q in queued {
+        q.await.unwrap();
+    }
+    env.proxy.set(Mode::Pass);
+    for s in stuck {
+        s.await.unwrap();
+    }
+    let limit = connect_wait + Duration::from_secs(1);
+    let mut problems = Vec::new();
+    let mut slowest = Duration::ZERO;
+    for e in history.lock().unwrap().iter() {
+        let Entry::Call(c) = e else { continue };
+        if c.start_us < queued_at {
+            continue;
+        }
+        let took = Duration::from_micros(c.took_us() as u64);
+        slowest = slowest.max(took);
+        if c.code != "UNAVAILABLE" || took > limit {
+            problems.push(format!("{} answered {} after {took:?}", c.key, c.code));
+        }
+    }
+    println!("REGRESSION c: the slowest queued call answered after {slowest:?} (connect-wait {connect_wait:?}, deadline {deadline:?})");
+    assert_none("calls queued behind stuck batches", &problems);
+}
+
+/// (d) A call whose deadline passes while the database does not answer is
+/// answered DEADLINE_EXCEEDED, never CANCELLED, and on time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_an_expired_deadline_is_deadline_exceeded_never_cancelled() {
+    let _turn = serial().await;
+    let env = Env::start(
+        1,
+        &["--connect-wait", "2s", "--query-timeout", "5s"],
+    )
+    .await;
+    let monitor = Monitor::start(env.addr(0)).await;
+    assert!(monitor.until(now_us(), Duration::from_secs(10), ready).await.is_some());
+    let history = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let client = Recording::connect(env.addr(0), std::sync::Arc::clone(&history)).await;
+    let deadline = Duration::from_millis(500);
+    env.proxy.set(Mode::Blackhole);
+    let mut calls = Vec::new();
+    for i in 0..3 {
+        let mut c = client.clone();
+        calls.push(tokio::spawn(async move {
+            let key = format!("late-{i}");
+            c.acquire(
+                proto::AcquireRequest {
+                    scope: SCOPE.into(),
+                    key: key.clone(),
+                    ..Default::default()
+                },
+                deadline,
+            )
+            .await;
+            c.get(
+                proto::GetRequest {
+                    scope: SCOPE.into(),
+                    key: key.clone(),
+                },
+                deadline,
+            )
+            .await;
+            c.complete(
+                proto::CompleteRequest {
+                    scope: SCOPE.into(),
+                    key,
+                    lease_token: uuid::Uuid::new_v4().to_string(),
+                    outcome: Some(proto::complete_request::Outcome::Release(proto::Release {})),
+                },
+                deadline,
+            )
+            .await;
+        }));
+    }
+    for c in calls {
+        c.await.unwrap();
+    }
+    env.proxy.set(Mode::Pass);
+    let mut problems = Vec::new();
+    let mut codes = std::collections::BTreeMap::new();
+    for e in history.lock().unwrap().iter() {
+        let Entry::Call(c) = e else { continue };
+        *codes.entry(c.code.clone()).or_insert(0) += 1;
+        let took = Duration::from_micros(c.took_us() as u64);
+        if c.code != "DEADLINE_EXCEEDED" || took > deadline + MARGIN {
+            problems.push(format!("{:?} {} answered {} ({}) after {took:?}", c.kind, c.key, c.code, c.reason));
+        }
+    }
+    println!("REGRESSION d: calls with a {deadline:?} deadline on a cut network answered {codes:?}");
+    assert_none("expired deadlines", &problems);
+}
+
+/// (e) Readiness follows the network: NOT_SERVING within 2 s of the cut,
+/// SERVING within 2 s of its return.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_readiness_follows_the_network_within_two_seconds() {
+    let _turn = serial().await;
+    let env = Env::start(1, FLAGS).await;
+    let monitor = Monitor::start(env.addr(0)).await;
+    assert!(monitor.until(now_us(), Duration::from_secs(10), ready).await.is_some());
+    let cut_at = now_us();
+    env.proxy.set(Mode::Blackhole);
+    let flipped = monitor.until(cut_at, Duration::from_secs(5), not_ready).await;
+    // The cut lasts at least 3 s, whenever readiness noticed it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let back_at = now_us();
+    env.proxy.set(Mode::Pass);
+    let back = monitor.until(back_at, Duration::from_secs(5), ready).await;
+    let samples = monitor.stop().await;
+    println!("REGRESSION e: readiness NOT_SERVING {flipped:?} after the cut, SERVING {back:?} after its return");
+    assert_none("liveness", &liveness_lapses(&samples, cut_at));
+    let limit = Duration::from_secs(2);
+    assert!(flipped.is_some_and(|d| d <= limit), "readiness after the cut: {flipped:?}");
+    assert!(back.is_some_and(|d| d <= limit), "readiness after the return: {back:?}");
+}
