@@ -66,6 +66,21 @@ async fn regression_dead_connections_are_replaced_and_readiness_tells() {
     assert_none("readiness while calls fail", &problems);
 }
 
+/// A few calls, so that the server's shared connections are open: the
+/// calls of the test then go out on them (not on new connections, which a
+/// cut network would stop at --connect-wait).
+async fn warm_up(client: &mut Recording) {
+    for i in 0..4 {
+        let req = proto::AcquireRequest {
+            scope: SCOPE.into(),
+            key: format!("warm-{i}"),
+            ..Default::default()
+        };
+        let answer = client.acquire(req, Duration::from_secs(5)).await;
+        assert!(matches!(answer, Some(Ok(_))), "warm-up: {answer:?}");
+    }
+}
+
 /// Waits until the proxy holds no bytes and no statement runs in the
 /// database but the test's own: whatever the coordinator sent has arrived
 /// and finished.
@@ -104,6 +119,7 @@ async fn regression_an_acquire_answered_unavailable_never_commits_later() {
     assert!(monitor.until(t0, Duration::from_secs(10), ready).await.is_some());
     let history = Default::default();
     let mut client = Recording::connect(env.addr(0), history).await;
+    warm_up(&mut client).await;
     env.proxy.set(Mode::Blackhole);
     let req = proto::AcquireRequest {
         scope: SCOPE.into(),
@@ -155,7 +171,9 @@ async fn regression_calls_queued_behind_stuck_batches_answer_after_connect_wait(
     let monitor = Monitor::start(env.addr(0)).await;
     assert!(monitor.until(now_us(), Duration::from_secs(10), ready).await.is_some());
     let history = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let client = Recording::connect(env.addr(0), std::sync::Arc::clone(&history)).await;
+    let mut client = Recording::connect(env.addr(0), std::sync::Arc::clone(&history)).await;
+    warm_up(&mut client).await;
+    history.lock().unwrap().clear();
     let deadline = Duration::from_secs(8);
     let acquire = |key: String| {
         let mut client = client.clone();
@@ -212,7 +230,9 @@ async fn regression_an_expired_deadline_is_deadline_exceeded_never_cancelled() {
     let monitor = Monitor::start(env.addr(0)).await;
     assert!(monitor.until(now_us(), Duration::from_secs(10), ready).await.is_some());
     let history = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let client = Recording::connect(env.addr(0), std::sync::Arc::clone(&history)).await;
+    let mut client = Recording::connect(env.addr(0), std::sync::Arc::clone(&history)).await;
+    warm_up(&mut client).await;
+    history.lock().unwrap().clear();
     let deadline = Duration::from_millis(500);
     env.proxy.set(Mode::Blackhole);
     let mut calls = Vec::new();
