@@ -115,7 +115,11 @@ impl Recording {
             self.client.acquire(with_deadline(req.clone(), deadline)),
         )
         .await;
-        self.record(recorder::acquire(&req, t, answer.as_ref().map(Result::as_ref)));
+        self.record(recorder::acquire(
+            &req,
+            t,
+            answer.as_ref().map(Result::as_ref),
+        ));
         answer
     }
 
@@ -129,7 +133,11 @@ impl Recording {
             self.client.complete(with_deadline(req.clone(), deadline)),
         )
         .await;
-        self.record(recorder::complete(&req, t, answer.as_ref().map(Result::as_ref)));
+        self.record(recorder::complete(
+            &req,
+            t,
+            answer.as_ref().map(Result::as_ref),
+        ));
         answer
     }
 
@@ -138,7 +146,11 @@ impl Recording {
         req: proto::GetRequest,
         deadline: Duration,
     ) -> Option<Result<proto::GetResponse, tonic::Status>> {
-        let (t, answer) = timed(deadline, self.client.get(with_deadline(req.clone(), deadline))).await;
+        let (t, answer) = timed(
+            deadline,
+            self.client.get(with_deadline(req.clone(), deadline)),
+        )
+        .await;
         self.record(recorder::get(&req, t, answer.as_ref().map(Result::as_ref)));
         answer
     }

@@ -112,7 +112,8 @@ impl Cluster {
     /// A fresh cluster, started.
     pub async fn start() -> Cluster {
         let owner = owner();
-        let root = std::env::temp_dir().join(format!("idem-faults-{}", uuid::Uuid::new_v4().simple()));
+        let root =
+            std::env::temp_dir().join(format!("idem-faults-{}", uuid::Uuid::new_v4().simple()));
         private_dir(&root, owner);
         let copied = Command::new("cp")
             .arg("-a")

@@ -178,13 +178,7 @@ pub fn liveness_lapses(samples: &[Sample], t0: i64) -> Vec<String> {
     samples
         .iter()
         .filter(|s| s.liveness != Some(ServingStatus::Serving))
-        .map(|s| {
-            format!(
-                "liveness {:?} at +{:.2}s",
-                s.liveness,
-                secs(t0, s.at_us)
-            )
-        })
+        .map(|s| format!("liveness {:?} at +{:.2}s", s.liveness, secs(t0, s.at_us)))
         .collect()
 }
 
@@ -294,9 +288,7 @@ impl Load {
 /// Whether an answer shows the database answered: a PROCEED or an OK
 /// Complete (replays may come from the server's memory).
 pub fn went_to_database(c: &Call) -> bool {
-    c.ok()
-        && (c.kind == CallKind::Complete
-            || c.decision == Some(history::Decision::Proceed))
+    c.ok() && (c.kind == CallKind::Complete || c.decision == Some(history::Decision::Proceed))
 }
 
 /// Whether a failed call came from the server (coordinator errors always
@@ -508,7 +500,8 @@ impl Report {
     }
 
     pub fn print(&self) {
-        let ms = |d: Option<Duration>| d.map_or("never".into(), |d| format!("{} ms", d.as_millis()));
+        let ms =
+            |d: Option<Duration>| d.map_or("never".into(), |d| format!("{} ms", d.as_millis()));
         let refused = self.refused.map_or("none".into(), |(a, b)| {
             format!("from +{a:.2}s to +{b:.2}s after the fault ({:.2} s)", b - a)
         });

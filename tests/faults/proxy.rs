@@ -156,8 +156,7 @@ async fn pump<R, W>(
     mut to: W,
     mut watch: watch::Receiver<State>,
     pending: Arc<AtomicI64>,
-)
-where
+) where
     R: tokio::io::AsyncRead + Unpin,
     W: tokio::io::AsyncWrite + Unpin,
 {

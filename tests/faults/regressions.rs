@@ -15,7 +15,12 @@ use crate::scenarios::{Fault, run};
 /// Readiness samples that said SERVING while calls had been failing for
 /// more than `limit`: failing since the first failed call after the last
 /// call the database answered.
-fn serving_while_failing(history: &[Entry], samples: &[Sample], limit: Duration, t0: i64) -> Vec<String> {
+fn serving_while_failing(
+    history: &[Entry],
+    samples: &[Sample],
+    limit: Duration,
+    t0: i64,
+) -> Vec<String> {
     let calls: Vec<_> = history
         .iter()
         .filter_map(|e| match e {
@@ -56,9 +61,17 @@ fn serving_while_failing(history: &[Entry], samples: &[Sample], limit: Duration,
 async fn regression_dead_connections_are_replaced_and_readiness_tells() {
     let _turn = serial().await;
     let run = run(Fault::DeadConnections, "regression-a-dead-connections").await;
-    let problems = serving_while_failing(&run.history, &run.samples, Duration::from_secs(5), run.fault_at);
+    let problems = serving_while_failing(
+        &run.history,
+        &run.samples,
+        Duration::from_secs(5),
+        run.fault_at,
+    );
     let recovered = run.healed_at.map(|at| secs(run.fault_at, at));
-    println!("REGRESSION a: calls recovered after {recovered:?} s; {} SERVING samples while failing over 5 s", problems.len());
+    println!(
+        "REGRESSION a: calls recovered after {recovered:?} s; {} SERVING samples while failing over 5 s",
+        problems.len()
+    );
     assert!(
         recovered.is_some(),
         "calls did not work again within 20 s of their connections going dead"
@@ -101,7 +114,11 @@ async fn until_settled(env: &Env) {
         if running == 0 && env.proxy.pending() == 0 {
             return;
         }
-        assert!(Instant::now() < end, "{running} statements still running, {} bytes held", env.proxy.pending());
+        assert!(
+            Instant::now() < end,
+            "{running} statements still running, {} bytes held",
+            env.proxy.pending()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -116,7 +133,12 @@ async fn regression_an_acquire_answered_unavailable_never_commits_later() {
     let env = Env::start(1, FLAGS).await;
     let monitor = Monitor::start(env.addr(0)).await;
     let t0 = now_us();
-    assert!(monitor.until(t0, Duration::from_secs(10), ready).await.is_some());
+    assert!(
+        monitor
+            .until(t0, Duration::from_secs(10), ready)
+            .await
+            .is_some()
+    );
     let history = Default::default();
     let mut client = Recording::connect(env.addr(0), history).await;
     warm_up(&mut client).await;
@@ -124,7 +146,10 @@ async fn regression_an_acquire_answered_unavailable_never_commits_later() {
     let req = proto::AcquireRequest {
         scope: SCOPE.into(),
         key: "paused".into(),
-        lease_ttl: Some(prost_types::Duration { seconds: 60, nanos: 0 }),
+        lease_ttl: Some(prost_types::Duration {
+            seconds: 60,
+            nanos: 0,
+        }),
         ..Default::default()
     };
     let started = Instant::now();
@@ -132,7 +157,13 @@ async fn regression_an_acquire_answered_unavailable_never_commits_later() {
     let took = started.elapsed();
     env.proxy.set(Mode::Pass);
     let back = now_us();
-    assert!(monitor.until(back, Duration::from_secs(10), ready).await.is_some(), "not ready again");
+    assert!(
+        monitor
+            .until(back, Duration::from_secs(10), ready)
+            .await
+            .is_some(),
+        "not ready again"
+    );
     until_settled(&env).await;
     let rows: Vec<String> = env
         .cluster
@@ -147,8 +178,12 @@ async fn regression_an_acquire_answered_unavailable_never_commits_later() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    let code = answer.as_ref().map(|a| a.as_ref().err().map(tonic::Status::code));
-    println!("REGRESSION b: the paused Acquire answered {code:?} after {took:?}; the key holds {rows:?} once the network is back");
+    let code = answer
+        .as_ref()
+        .map(|a| a.as_ref().err().map(tonic::Status::code));
+    println!(
+        "REGRESSION b: the paused Acquire answered {code:?} after {took:?}; the key holds {rows:?} once the network is back"
+    );
     assert_eq!(code, Some(Some(tonic::Code::Unavailable)), "{answer:?}");
     assert!(
         !rows.iter().any(|s| s == "PROCESSING"),
@@ -163,13 +198,14 @@ async fn regression_an_acquire_answered_unavailable_never_commits_later() {
 async fn regression_calls_queued_behind_stuck_batches_answer_after_connect_wait() {
     let _turn = serial().await;
     let connect_wait = Duration::from_millis(500);
-    let env = Env::start(
-        1,
-        &["--connect-wait", "500ms", "--query-timeout", "5s"],
-    )
-    .await;
+    let env = Env::start(1, &["--connect-wait", "500ms", "--query-timeout", "5s"]).await;
     let monitor = Monitor::start(env.addr(0)).await;
-    assert!(monitor.until(now_us(), Duration::from_secs(10), ready).await.is_some());
+    assert!(
+        monitor
+            .until(now_us(), Duration::from_secs(10), ready)
+            .await
+            .is_some()
+    );
     let history = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut client = Recording::connect(env.addr(0), std::sync::Arc::clone(&history)).await;
     warm_up(&mut client).await;
@@ -213,7 +249,9 @@ async fn regression_calls_queued_behind_stuck_batches_answer_after_connect_wait(
             problems.push(format!("{} answered {} after {took:?}", c.key, c.code));
         }
     }
-    println!("REGRESSION c: the slowest queued call answered after {slowest:?} (connect-wait {connect_wait:?}, deadline {deadline:?})");
+    println!(
+        "REGRESSION c: the slowest queued call answered after {slowest:?} (connect-wait {connect_wait:?}, deadline {deadline:?})"
+    );
     assert_none("calls queued behind stuck batches", &problems);
 }
 
@@ -222,13 +260,14 @@ async fn regression_calls_queued_behind_stuck_batches_answer_after_connect_wait(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_an_expired_deadline_is_deadline_exceeded_never_cancelled() {
     let _turn = serial().await;
-    let env = Env::start(
-        1,
-        &["--connect-wait", "2s", "--query-timeout", "5s"],
-    )
-    .await;
+    let env = Env::start(1, &["--connect-wait", "2s", "--query-timeout", "5s"]).await;
     let monitor = Monitor::start(env.addr(0)).await;
-    assert!(monitor.until(now_us(), Duration::from_secs(10), ready).await.is_some());
+    assert!(
+        monitor
+            .until(now_us(), Duration::from_secs(10), ready)
+            .await
+            .is_some()
+    );
     let history = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut client = Recording::connect(env.addr(0), std::sync::Arc::clone(&history)).await;
     warm_up(&mut client).await;
@@ -280,10 +319,15 @@ async fn regression_an_expired_deadline_is_deadline_exceeded_never_cancelled() {
         *codes.entry(c.code.clone()).or_insert(0) += 1;
         let took = Duration::from_micros(c.took_us() as u64);
         if c.code != "DEADLINE_EXCEEDED" || took > deadline + MARGIN {
-            problems.push(format!("{:?} {} answered {} ({}) after {took:?}", c.kind, c.key, c.code, c.reason));
+            problems.push(format!(
+                "{:?} {} answered {} ({}) after {took:?}",
+                c.kind, c.key, c.code, c.reason
+            ));
         }
     }
-    println!("REGRESSION d: calls with a {deadline:?} deadline on a cut network answered {codes:?}");
+    println!(
+        "REGRESSION d: calls with a {deadline:?} deadline on a cut network answered {codes:?}"
+    );
     assert_none("expired deadlines", &problems);
 }
 
@@ -294,19 +338,34 @@ async fn regression_readiness_follows_the_network_within_two_seconds() {
     let _turn = serial().await;
     let env = Env::start(1, FLAGS).await;
     let monitor = Monitor::start(env.addr(0)).await;
-    assert!(monitor.until(now_us(), Duration::from_secs(10), ready).await.is_some());
+    assert!(
+        monitor
+            .until(now_us(), Duration::from_secs(10), ready)
+            .await
+            .is_some()
+    );
     let cut_at = now_us();
     env.proxy.set(Mode::Blackhole);
-    let flipped = monitor.until(cut_at, Duration::from_secs(5), not_ready).await;
+    let flipped = monitor
+        .until(cut_at, Duration::from_secs(5), not_ready)
+        .await;
     // The cut lasts at least 3 s, whenever readiness noticed it.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let back_at = now_us();
     env.proxy.set(Mode::Pass);
     let back = monitor.until(back_at, Duration::from_secs(5), ready).await;
     let samples = monitor.stop().await;
-    println!("REGRESSION e: readiness NOT_SERVING {flipped:?} after the cut, SERVING {back:?} after its return");
+    println!(
+        "REGRESSION e: readiness NOT_SERVING {flipped:?} after the cut, SERVING {back:?} after its return"
+    );
     assert_none("liveness", &liveness_lapses(&samples, cut_at));
     let limit = Duration::from_secs(2);
-    assert!(flipped.is_some_and(|d| d <= limit), "readiness after the cut: {flipped:?}");
-    assert!(back.is_some_and(|d| d <= limit), "readiness after the return: {back:?}");
+    assert!(
+        flipped.is_some_and(|d| d <= limit),
+        "readiness after the cut: {flipped:?}"
+    );
+    assert!(
+        back.is_some_and(|d| d <= limit),
+        "readiness after the return: {back:?}"
+    );
 }

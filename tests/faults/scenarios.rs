@@ -48,7 +48,10 @@ pub async fn run(fault: Fault, name: &'static str) -> Run {
     let monitor = Monitor::start(addr).await;
     let t0 = now_us();
     assert!(
-        monitor.until(t0, Duration::from_secs(10), ready).await.is_some(),
+        monitor
+            .until(t0, Duration::from_secs(10), ready)
+            .await
+            .is_some(),
         "not ready at start"
     );
     let load = Load::start(&[addr]).await;
@@ -123,12 +126,14 @@ pub async fn run(fault: Fault, name: &'static str) -> Run {
 /// The assertions every fault shares: calls answered in time and with the
 /// right codes, liveness throughout, and a clean history.
 fn assert_kept_promises(run: &Run) {
-    assert_none(
-        "calls",
-        &call_problems(&run.history, run.fault_at, &[]),
-    );
+    assert_none("calls", &call_problems(&run.history, run.fault_at, &[]));
     assert_none("liveness", &liveness_lapses(&run.samples, run.fault_at));
-    let violations: Vec<String> = run.report.violations.iter().map(|v| v.to_string()).collect();
+    let violations: Vec<String> = run
+        .report
+        .violations
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
     assert_none("history", &violations);
 }
 
@@ -180,16 +185,17 @@ async fn a_replica_killed_while_another_keeps_serving() {
     let monitor = Monitor::start(b).await;
     let t0 = now_us();
     assert!(
-        monitor.until(t0, Duration::from_secs(10), ready).await.is_some(),
+        monitor
+            .until(t0, Duration::from_secs(10), ready)
+            .await
+            .is_some(),
         "not ready at start"
     );
     let load = Load::start(&[a, b]).await;
     tokio::time::sleep(BEFORE).await;
     let fault_at = now_us();
     env.servers[0].take().expect("replica a").kill().await;
-    let recovered = load
-        .until_ok_after(fault_at, Duration::from_secs(5))
-        .await;
+    let recovered = load.until_ok_after(fault_at, Duration::from_secs(5)).await;
     tokio::time::sleep(AFTER + Duration::from_secs(1)).await;
     let mut history = load.stop().await;
     let samples = monitor.stop().await;
@@ -204,12 +210,20 @@ async fn a_replica_killed_while_another_keeps_serving() {
                 if c.ok() && c.start_us > fault_at && c.server == b.to_string())
         })
         .count();
-    println!("FAULT replica-kill: {served_after} calls answered OK by the surviving replica after the kill");
+    println!(
+        "FAULT replica-kill: {served_after} calls answered OK by the surviving replica after the kill"
+    );
     assert!(recovered.is_some(), "no call succeeded after the kill");
     let unready: Vec<String> = samples
         .iter()
         .filter(|s| s.at_us >= fault_at && !ready(s))
-        .map(|s| format!("readiness {:?} at +{:.2}s", s.readiness, secs(fault_at, s.at_us)))
+        .map(|s| {
+            format!(
+                "readiness {:?} at +{:.2}s",
+                s.readiness,
+                secs(fault_at, s.at_us)
+            )
+        })
         .collect();
     assert_none("the surviving replica's readiness", &unready);
     let run = Run {
@@ -221,6 +235,11 @@ async fn a_replica_killed_while_another_keeps_serving() {
     };
     assert_none("calls", &call_problems(&run.history, fault_at, &[a]));
     assert_none("liveness", &liveness_lapses(&run.samples, fault_at));
-    let violations: Vec<String> = run.report.violations.iter().map(|v| v.to_string()).collect();
+    let violations: Vec<String> = run
+        .report
+        .violations
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
     assert_none("history", &violations);
 }

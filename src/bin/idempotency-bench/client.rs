@@ -11,6 +11,8 @@ use idempotency_coordinator::proto::{
 use tonic::transport::Channel;
 
 use crate::baseline::Sql;
+use crate::history::HistoryFile;
+use crate::recorder::{self, Timing};
 
 pub(crate) type Client = CoordinatorClient<Channel>;
 
@@ -66,6 +68,9 @@ pub(crate) async fn connect(target: &str, n: usize) -> Vec<Client> {
 pub(crate) enum Driver {
     Grpc(Client),
     Sql(Arc<Sql>),
+    /// Over gRPC, every call written to a history (with a request_id on
+    /// each Acquire).
+    Recorded(Client, Arc<HistoryFile>),
 }
 
 impl Driver {
@@ -81,6 +86,25 @@ impl Driver {
                 (answer.decision, answer.lease.map(|l| l.token))
             }
             Driver::Sql(sql) => sql.acquire(scope, key).await,
+            Driver::Recorded(c, history) => {
+                let req = AcquireRequest {
+                    request_id: uuid::Uuid::new_v4().simple().to_string(),
+                    ..acquire(scope, key)
+                };
+                let start_us = recorder::now_us();
+                let answer = c
+                    .acquire(req.clone())
+                    .await
+                    .map(tonic::Response::into_inner);
+                let t = Timing {
+                    start_us,
+                    end_us: recorder::now_us(),
+                    deadline: None,
+                };
+                history.write(recorder::acquire(&req, t, Some(answer.as_ref())));
+                let answer = answer.expect("acquire");
+                (answer.decision, answer.lease.map(|l| l.token))
+            }
         }
     }
 
@@ -96,6 +120,25 @@ impl Driver {
                 c.complete(req).await.expect("complete");
             }
             Driver::Sql(sql) => sql.complete(scope, key, token, release).await,
+            Driver::Recorded(c, history) => {
+                let mut req = succeed(scope, key, token);
+                if release {
+                    req.outcome =
+                        Some(Outcome::Release(idempotency_coordinator::proto::Release {}));
+                }
+                let start_us = recorder::now_us();
+                let answer = c
+                    .complete(req.clone())
+                    .await
+                    .map(tonic::Response::into_inner);
+                let t = Timing {
+                    start_us,
+                    end_us: recorder::now_us(),
+                    deadline: None,
+                };
+                history.write(recorder::complete(&req, t, Some(answer.as_ref())));
+                answer.expect("complete");
+            }
         }
     }
 }

@@ -27,18 +27,28 @@
 //!   reports the sweep's duration and the slowest client call meanwhile;
 //! - `idle-connections`: opens `--waiters` HTTP/2 connections that make no
 //!   call; with `--server-pid`, reports what each costs the server.
+//!
+//! `--record-history FILE` writes every call of `cycle` and `contend` (each
+//! Acquire with a request_id) to FILE as JSON lines;
+//! `idempotency-bench check-history FILE` then reads each key it names from
+//! the database (`--database-url`, or the private PostgreSQL of
+//! `--data-dir`) and checks the history with the coordinator's history
+//! checker, exiting 1 on any violation. Without the flag the scenarios'
+//! loops record nothing.
 
 mod baseline;
 mod client;
+mod history;
 mod idle;
 mod load;
+mod recorder;
 mod report;
 mod sweep;
 mod waiters;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 
 use client::{Driver, connect};
 
@@ -69,11 +79,16 @@ struct Args {
     /// The server's database, for scenarios that prepare data in it and for
     /// the direct-SQL baseline [default: the private PostgreSQL of a server
     /// started without one, in --data-dir].
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, env = "DATABASE_URL", global = true)]
     database_url: Option<String>,
     /// The data dir of a server started without a database URL [default:
     /// the server's default].
-    #[arg(long, env = "IDEMPOTENCY_DATA_DIR", conflicts_with = "database_url")]
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_DATA_DIR",
+        conflicts_with = "database_url",
+        global = true
+    )]
     data_dir: Option<std::path::PathBuf>,
     /// Also run `cycle`, `replay` and `contend` directly against PostgreSQL
     /// (the same SQL functions, prepared, one connection per client) and
@@ -91,6 +106,23 @@ struct Args {
     /// reports the server's resident memory while every waiter is parked.
     #[arg(long)]
     server_pid: Option<u32>,
+    /// Write every call of `cycle` and `contend` to this file as a history
+    /// (JSON lines), for `check-history`.
+    #[arg(long)]
+    record_history: Option<std::path::PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Check a history written with --record-history: read each of its keys
+    /// from the database (--database-url, or the private PostgreSQL of
+    /// --data-dir) and report every broken promise; exits 1 on any.
+    CheckHistory {
+        /// The history file.
+        file: std::path::PathBuf,
+    },
 }
 
 impl Args {
@@ -130,6 +162,10 @@ fn run_id() -> String {
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
+    if let Some(Command::CheckHistory { file }) = &args.command {
+        let clean = history::check_history(file, &args.database()).await;
+        std::process::exit(if clean { 0 } else { 1 });
+    }
     let clients = connect(&args.target, args.connections).await;
     let run = run_id();
     println!(
@@ -141,6 +177,18 @@ async fn main() {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     let grpc: Vec<Driver> = clients.iter().cloned().map(Driver::Grpc).collect();
+    let history = args
+        .record_history
+        .as_deref()
+        .map(|path| std::sync::Arc::new(history::HistoryFile::create(path)));
+    // The drivers of the recorded scenarios.
+    let recorded: Vec<Driver> = match &history {
+        Some(h) => clients
+            .iter()
+            .map(|c| Driver::Recorded(c.clone(), std::sync::Arc::clone(h)))
+            .collect(),
+        None => grpc.clone(),
+    };
     let sql = if args.baseline_sql {
         let sql = baseline::sql_drivers(&args.database(), args.clients).await;
         Some(sql.into_iter().map(Driver::Sql).collect::<Vec<_>>())
@@ -153,11 +201,12 @@ async fn main() {
         let run = format!("{run}-{n}");
         match scenario {
             Scenario::Cycle => {
-                plain = Some(load::cycle(&args, &grpc, sql.as_deref(), &run).await);
+                plain = Some(load::cycle(&args, &recorded, sql.as_deref(), &run).await);
             }
             Scenario::Replay | Scenario::Contend => {
                 let contend = *scenario == Scenario::Contend;
-                load::replay_or_contend(&args, &grpc, sql.as_deref(), &run, contend).await;
+                let drivers = if contend { &recorded } else { &grpc };
+                load::replay_or_contend(&args, drivers, sql.as_deref(), &run, contend).await;
             }
             Scenario::CycleBesideWaiters => {
                 let beside = waiters::cycle_beside_waiters(&args, &clients, &run).await;
@@ -172,6 +221,12 @@ async fn main() {
             Scenario::Wait => waiters::wait_release(&args, &clients, &run).await,
             Scenario::Sweep => sweep::sweep_under_load(&args, &clients, &run).await,
             Scenario::IdleConnections => idle::idle_connections(&args).await,
+        }
+    }
+    if let Some(history) = history {
+        history.flush();
+        if let Some(path) = &args.record_history {
+            println!("history written to {}", path.display());
         }
     }
 }
