@@ -301,9 +301,9 @@ fn from_server(status: &tonic::Status) -> bool {
 /// One logical attempt on `key`: Acquire (retried with the same request_id
 /// while the answer is unknown), and on PROCEED a little work and a
 /// Complete (retried with the same token likewise).
-async fn cycle(clients: &mut Vec<Recording>, w: usize, n: u64, key: &str, pick: u128) {
+async fn cycle(clients: &mut [Recording], w: usize, n: u64, key: &str, pick: u128) {
     let request_id = format!("w{w}-{n}");
-    let waits = pick % 4 == 0;
+    let waits = pick.is_multiple_of(4);
     let mut req = proto::AcquireRequest {
         scope: SCOPE.into(),
         key: key.into(),
