@@ -103,11 +103,16 @@ pub async fn run(fault: Fault, name: &'static str) -> Run {
     report.flipped = flipped;
     report.back = back;
     report.print();
-    if let (Some(at), Some(ok)) = (healed_at, recovered) {
-        println!(
+    match (fault, healed_at, recovered) {
+        (Fault::DeadConnections, Some(at), _) => println!(
+            "FAULT {name}: calls answered by the database again {:.2} s after their connections went dead",
+            secs(fault_at, at)
+        ),
+        (_, Some(at), Some(ok)) => println!(
             "FAULT {name}: first call answered OK {:.2} s after recovery",
             secs(at, ok)
-        );
+        ),
+        _ => {}
     }
     assert!(
         healed_at.is_none() || recovered.is_some(),
