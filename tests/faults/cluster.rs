@@ -62,22 +62,34 @@ fn private_dir(path: &Path, owner: Option<(u32, u32)>) {
     chown_tree(path, owner);
 }
 
-/// A data directory made by initdb once per test binary; each cluster
-/// starts from a copy of it.
+/// A data directory made by initdb, which each cluster starts from a copy
+/// of. Made once per machine and PostgreSQL version: built under a name of
+/// its own, then renamed into place (a run that loses the race to another
+/// uses the winner's).
 fn template() -> &'static Path {
     static TEMPLATE: OnceLock<PathBuf> = OnceLock::new();
     TEMPLATE.get_or_init(|| {
+        let bin = bin_dir();
+        let version = bin
+            .parent()
+            .and_then(|v| v.file_name())
+            .map(|v| v.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let ready = std::env::temp_dir().join(format!("idem-faults-template-pg{version}"));
+        let data = ready.join("data");
+        if data.join("PG_VERSION").is_file() {
+            return data;
+        }
         let owner = owner();
-        let root = std::env::temp_dir().join(format!(
+        let building = std::env::temp_dir().join(format!(
             "idem-faults-template-{}",
             uuid::Uuid::new_v4().simple()
         ));
-        private_dir(&root, owner);
-        let data = root.join("data");
-        let mut initdb = Command::new(bin_dir().join("initdb"));
+        private_dir(&building, owner);
+        let mut initdb = Command::new(bin.join("initdb"));
         initdb
             .arg("--pgdata")
-            .arg(&data)
+            .arg(building.join("data"))
             .args([
                 "--username=postgres",
                 "--auth=trust",
@@ -95,6 +107,15 @@ fn template() -> &'static Path {
             out.status.success(),
             "initdb: {}",
             String::from_utf8_lossy(&out.stderr)
+        );
+        if std::fs::rename(&building, &ready).is_err() {
+            // Another run put its template in place first.
+            let _ = std::fs::remove_dir_all(&building);
+        }
+        assert!(
+            data.join("PG_VERSION").is_file(),
+            "no template at {}",
+            data.display()
         );
         data
     })
