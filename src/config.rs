@@ -375,6 +375,14 @@ pub struct ServeArgs {
     /// URL that cannot work exits at once.
     #[arg(long, env = "IDEMPOTENCY_DATABASE_WAIT", default_value_t = hd(DEFAULT_DATABASE_WAIT))]
     pub database_wait: humantime::Duration,
+
+    /// How often readiness asks the database whether it answers: the
+    /// listener reads the database's clock every interval, and every shared
+    /// connection is sent an empty query every half interval; either
+    /// unanswered within an interval turns readiness NOT_SERVING.
+    #[arg(long, env = "IDEMPOTENCY_HEALTH_INTERVAL", default_value_t = hd(DEFAULT_HEALTH_INTERVAL),
+          value_parser = at_least_10ms)]
+    pub health_interval: humantime::Duration,
 }
 
 impl StoreConfig {
@@ -403,6 +411,15 @@ impl StoreConfig {
             ..StoreConfig::new(database_url)
         }
     }
+}
+
+/// A health interval: at least 10 ms, so that checks cannot spin.
+fn at_least_10ms(value: &str) -> Result<humantime::Duration, String> {
+    let d: humantime::Duration = value.parse().map_err(|e| format!("{e}"))?;
+    if Duration::from(d) < Duration::from_millis(10) {
+        return Err("must be at least 10ms".to_owned());
+    }
+    Ok(d)
 }
 
 fn nonzero(d: Duration) -> Option<Duration> {
@@ -513,7 +530,7 @@ impl From<ServeArgs> for ServeConfig {
             },
             run_migrations: !a.skip_migrations,
             shutdown_delay: a.shutdown_delay.into(),
-            health_interval: DEFAULT_HEALTH_INTERVAL,
+            health_interval: a.health_interval.into(),
             sweep_interval: a.sweep_interval.into(),
             sweep_batch: a.sweep_batch,
             feed: FeedConfig {

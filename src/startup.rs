@@ -456,7 +456,12 @@ impl Application {
                         webhook.map(Webhook::start),
                     ))
                 });
-                [Some(listener_task), Some(probe.task), Some(following), sweeping]
+                [
+                    Some(listener_task),
+                    Some(probe.task),
+                    Some(following),
+                    sweeping,
+                ]
             }
         };
         let store_to_wait_on = store.clone();

@@ -20,8 +20,8 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Row, Statement};
 
 use super::StoreError;
-use super::error::QueryTimeout;
 use super::connect_error::ConnectError;
+use super::error::QueryTimeout;
 
 /// One shared connection and the statements prepared on it.
 pub(super) struct Shared {
@@ -185,16 +185,11 @@ impl Mux {
     }
 
     /// Whether every shared connection answers within `limit`: each is
-    /// sent an empty query behind whatever is pipelined on it; one that does
-    /// not answer is retired and connected anew (within `limit`) at once,
-    /// so the answer is no only when no working connection can be had.
+    /// sent an empty query behind whatever is pipelined on it (connecting it
+    /// first if it is new or closed). One that does not answer is retired,
+    /// so the next call or probe in its slot connects anew.
     pub async fn probe(&self, limit: Duration) -> Result<(), StoreError> {
-        let slots = (0..self.slots.len()).map(|index| async move {
-            match self.probe_slot(index, limit).await {
-                Err(StoreError::Unavailable(_)) => self.probe_slot(index, limit).await,
-                answered => answered,
-            }
-        });
+        let slots = (0..self.slots.len()).map(|index| self.probe_slot(index, limit));
         futures_util::future::join_all(slots)
             .await
             .into_iter()

@@ -1,8 +1,11 @@
 //! Whether the connections calls use answer. Every half interval each
 //! shared connection (or a pooled one, when calls take pooled connections)
 //! is sent an empty query; one that does not answer within the interval is
-//! retired and replaced at once, and only when no answering connection can
-//! be had is the database reported as not answering. `startup` maps this,
+//! retired (the next call or probe connects anew) and the database reported
+//! as not answering until a probe of every connection is answered again, so
+//! a silently dead connection costs readiness about half an interval when
+//! new connections work, and keeps it NOT_SERVING while they do not.
+//! `startup` maps this,
 //! with the listener's state, onto readiness: a database the listener still
 //! reaches is not ready while the calls' own connections fail.
 

@@ -75,13 +75,13 @@ fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
 }
 
 /// When a call whose caller allowed `budget` is answered DEADLINE_EXCEEDED:
-/// a little before the caller's own timer runs out (the smaller of 50 ms
+/// a little before the caller's own timer runs out (the smaller of 100 ms
 /// and a tenth of the budget), so that the caller hears the server's
 /// DEADLINE_EXCEEDED rather than its library's own verdict, which the two
 /// race for at the deadline itself (and which some libraries, tonic among
 /// them, report as CANCELLED).
 fn answer_by(budget: Duration) -> Duration {
-    budget.saturating_sub((budget / 10).min(Duration::from_millis(50)))
+    budget.saturating_sub((budget / 10).min(Duration::from_millis(100)))
 }
 
 /// The caller's deadline, read once from `grpc-timeout` by admission and

@@ -586,7 +586,7 @@ async fn a_tonic_client_whose_deadline_passes_hears_deadline_exceeded_not_its_ow
         let mut client = client.clone();
         async move {
             let mut request = tonic::Request::new(acquire("s", "late"));
-            request.set_timeout(Duration::from_millis(800));
+            request.set_timeout(Duration::from_millis(1500));
             client.acquire(request).await.unwrap_err()
         }
     });

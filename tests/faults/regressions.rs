@@ -336,7 +336,19 @@ async fn regression_an_expired_deadline_is_deadline_exceeded_never_cancelled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_readiness_follows_the_network_within_two_seconds() {
     let _turn = serial().await;
-    let env = Env::start(1, FLAGS).await;
+    let env = Env::start(
+        1,
+        // The default interval: the two seconds are the default's promise.
+        &[
+            "--connect-wait",
+            "300ms",
+            "--query-timeout",
+            "1s",
+            "--health-interval",
+            "1s",
+        ],
+    )
+    .await;
     let monitor = Monitor::start(env.addr(0)).await;
     assert!(
         monitor
