@@ -262,7 +262,7 @@ mod tests {
     fn a_late_call_is_answered_before_the_callers_own_timer_runs_out() {
         assert_eq!(
             answer_by(Duration::from_secs(2)),
-            Duration::from_millis(1950)
+            Duration::from_millis(1900)
         );
         assert_eq!(
             answer_by(Duration::from_millis(100)),
