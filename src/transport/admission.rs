@@ -84,8 +84,11 @@ fn answer_by(budget: Duration) -> Duration {
     budget.saturating_sub((budget / 10).min(Duration::from_millis(100)))
 }
 
-/// The caller's deadline, read once from `grpc-timeout` by admission and
-/// handed to the service in the request's extensions.
+/// How long the service has to answer: the caller's deadline, read once
+/// from `grpc-timeout` by admission, less the margin by which admission
+/// answers DEADLINE_EXCEEDED early (`answer_by`); handed to the service in
+/// the request's extensions, so that what the service bounds by it (a wait
+/// window, a connect wait) ends before admission gives up on the call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CallDeadline(pub Duration);
 
@@ -166,7 +169,7 @@ impl Admission {
             let response = match deadline {
                 None => answer.await,
                 Some(deadline) => {
-                    let expired = Box::pin(tokio::time::sleep(answer_by(deadline)));
+                    let expired = Box::pin(tokio::time::sleep(deadline));
                     match futures_util::future::select(answer, expired).await {
                         Either::Left((response, _)) => response,
                         Either::Right(_) => return Ok(refuse(Error::DeadlineExceeded)),
@@ -218,7 +221,7 @@ impl Admission {
             },
             max_message_flag,
         };
-        let deadline = grpc_timeout(request.headers());
+        let deadline = grpc_timeout(request.headers()).map(answer_by);
         if let Some(deadline) = deadline {
             request.extensions_mut().insert(CallDeadline(deadline));
         }
