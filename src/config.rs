@@ -93,6 +93,13 @@ pub struct Cli {
     /// Log format: human-readable text, or one JSON object per line.
     #[arg(long, env = "IDEMPOTENCY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
+
+    /// Export each call's span over OTLP/gRPC to this collector, e.g.
+    /// http://127.0.0.1:4317 (plaintext); off when unset, unless
+    /// OTEL_EXPORTER_OTLP_ENDPOINT is set. OTEL_SERVICE_NAME renames the
+    /// service (default idempotency-coordinator).
+    #[arg(long, env = "IDEMPOTENCY_OTLP_ENDPOINT", global = true)]
+    pub otlp_endpoint: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

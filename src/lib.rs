@@ -55,17 +55,22 @@
 //!   limits, and one shared read per record for the waiters a change wakes.
 //! - [`tls`]: TLS and mutual TLS on the gRPC port, reloadable.
 //! - [`shutdown`]: the signals that start a graceful shutdown.
-//! - [`telemetry`]: logging set-up.
+//! - [`telemetry`]: logging and traces: the set-up (log format, the OTLP
+//!   span exporter) and each Coordinator call's span (method, tenant, scope,
+//!   hashed key, decision or error reason, duration; the caller's W3C trace
+//!   context as its parent), which `transport` opens and `service` fills.
 //! - [`history`]: histories of calls (JSON lines) and the checker that holds
 //!   them to the coordinator's promises (results kept, one result per
 //!   record, fencing tokens growing, one live lease per key, every PROCEED
 //!   accounted for); used by the fault tests and the benchmark. Pure: uses
 //!   nothing of ours.
 //!
-//! Dependencies point one way: `service` uses `domain`, `store`, `notify`
-//! and `error` (and the caller's deadline as `transport` read it);
-//! `notify` uses `domain` and `store`; `transport` uses `auth`, `error` and
-//! `tls`, and reaches the services only as the routes `startup` hands it;
+//! Dependencies point one way: `service` uses `domain`, `store`, `notify`,
+//! `error` and `telemetry` (and the caller's deadline as `transport` read
+//! it); `notify` uses `domain` and `store`; `transport` uses `auth`,
+//! `error`, `tls` and `telemetry`, and reaches the services only as the
+//! routes `startup` hands it; `telemetry` uses `domain` (and `config`'s log
+//! format);
 //! `error` uses `domain`, `auth` and `store`; `store` uses `domain` only;
 //! `domain` uses nothing of ours. Only `startup` and `config` see everything.
 

@@ -1,7 +1,8 @@
 //! `idempotency-coordinator serve | migrate`: parse the configuration, set up
-//! logging, start the private PostgreSQL when no database URL is given,
-//! bind, serve (waiting for the database meanwhile) until SIGTERM or SIGINT,
-//! stop the private PostgreSQL.
+//! logging and the span exporter, start the private PostgreSQL when no
+//! database URL is given, bind, serve (waiting for the database meanwhile)
+//! until SIGTERM or SIGINT, stop the private PostgreSQL, send the last
+//! spans.
 
 use std::future::Future;
 use std::process::ExitCode;
@@ -111,8 +112,18 @@ async fn run(cli: Cli) -> Result<(), StartupError> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    telemetry::init(cli.log_format);
-    match run(cli).await {
+    let endpoint = telemetry::otlp_endpoint(cli.otlp_endpoint.as_deref());
+    let telemetry = match telemetry::init(cli.log_format, endpoint.as_deref()) {
+        Ok(telemetry) => telemetry,
+        Err(e) => {
+            tracing::error!(error = %cause_chain(&e), "exiting");
+            return ExitCode::FAILURE;
+        }
+    };
+    let done = run(cli).await;
+    // The last spans are sent before the process goes.
+    telemetry.shutdown().await;
+    match done {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %cause_chain(&e), "exiting");

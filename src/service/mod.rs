@@ -18,6 +18,7 @@ use std::time::Duration;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
+use tracing::Instrument as _;
 
 use crate::auth::{Authenticator, Caller};
 use crate::domain::{AcquireCommand, Policy};
@@ -28,6 +29,7 @@ use crate::proto::acquire_request::RequestFingerprint;
 use crate::proto::coordinator_server::Coordinator;
 use crate::store::Store;
 use crate::sweeper::Sweeper;
+use crate::telemetry;
 use crate::transport::CallDeadline;
 
 /// The Coordinator service, one per server; cheap to share.
@@ -69,10 +71,12 @@ impl CoordinatorService {
     /// The authenticated caller of `request`: the one admission found on
     /// its headers, or (when admission had nothing to check) the headers'.
     fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Error> {
-        match request.extensions().get::<Caller>() {
-            Some(caller) => Ok(caller.clone()),
-            None => Ok(self.auth.caller(request.metadata())?),
-        }
+        let caller = match request.extensions().get::<Caller>() {
+            Some(caller) => caller.clone(),
+            None => self.auth.caller(request.metadata())?,
+        };
+        telemetry::record_tenant(&caller.tenant);
+        Ok(caller)
     }
 }
 
@@ -113,7 +117,9 @@ impl CoordinatorService {
             }
             .map_err(Error::from)?;
             tracing::debug!(scope = cmd.id.scope.as_str(), decision = ?acquired.decision, "acquire");
-            Ok(Response::new(encode::acquired(acquired)))
+            let answer = encode::acquired(acquired);
+            telemetry::record_decision(answer.decision().as_str_name());
+            Ok(Response::new(answer))
         }
     }
 
@@ -159,13 +165,17 @@ impl Coordinator for CoordinatorService {
             return Box::pin(async move {
                 let json = decode::json_fingerprint(text).await;
                 let cmd = decode::acquire_with(caller.tenant, message, &self.policy, Some(json))?;
+                telemetry::record_id(&cmd.id);
                 self.run_acquire(cmd, budget).await
             });
         }
         // A refused request is answered without a future of its own; the
         // future below holds the command alone, not also its `Result`.
         match decode::acquire(caller.tenant, message, &self.policy) {
-            Ok(cmd) => Box::pin(self.run_acquire(cmd, budget)),
+            Ok(cmd) => {
+                telemetry::record_id(&cmd.id);
+                Box::pin(self.run_acquire(cmd, budget))
+            }
             Err(e) => Box::pin(std::future::ready(Err(e.into()))),
         }
     }
@@ -180,6 +190,7 @@ impl Coordinator for CoordinatorService {
             request.into_inner(),
             &self.policy,
         )?;
+        telemetry::record_id(&cmd.id);
         let record = self
             .store
             .complete(&cmd, self.policy.backoff, self.connect_wait(budget))
@@ -200,6 +211,7 @@ impl Coordinator for CoordinatorService {
             request.into_inner(),
             &self.policy,
         )?;
+        telemetry::record_id(&cmd.id);
         let lease = self
             .store
             .extend_lease(&cmd, self.policy.max_lease_ttl, self.connect_wait(budget))
@@ -216,6 +228,7 @@ impl Coordinator for CoordinatorService {
     ) -> Result<Response<proto::GetResponse>, Status> {
         let budget = call_budget(&request);
         let id = decode::get(self.caller(&request)?.tenant, request.into_inner())?;
+        telemetry::record_id(&id);
         let record = self
             .store
             .get(&id, self.connect_wait(budget))
@@ -238,6 +251,7 @@ impl Coordinator for CoordinatorService {
             request.into_inner(),
             &self.policy,
         )?;
+        telemetry::record_id(&id);
         let window = wait::window(asked, budget);
         let subscription = self.hub.subscribe(&id).map_err(Error::from)?;
         let first = self
@@ -246,14 +260,10 @@ impl Coordinator for CoordinatorService {
             .await
             .map_err(Error::from)?;
         let (events, stream) = tokio::sync::mpsc::channel(4);
-        tokio::spawn(wait::follow(
-            self.store.clone(),
-            subscription,
-            id,
-            first,
-            window,
-            events,
-        ));
+        tokio::spawn(
+            wait::follow(self.store.clone(), subscription, id, first, window, events)
+                .instrument(tracing::Span::current()),
+        );
         Ok(Response::new(Box::pin(ReceiverStream::new(stream))))
     }
 
@@ -265,19 +275,23 @@ impl Coordinator for CoordinatorService {
     ) -> Result<Response<Self::WatchDueStream>, Status> {
         let tenant = self.caller(&request)?.tenant;
         let scope = decode::watch_due(request.into_inner())?;
+        telemetry::record_scope(&scope);
         let announcements = self
             .hub
             .subscribe_due(tenant.clone(), scope.clone())
             .map_err(Error::from)?;
         let (records, stream) = tokio::sync::mpsc::channel(4);
-        tokio::spawn(due::feed(
-            self.store.clone(),
-            announcements,
-            tenant,
-            scope,
-            self.feed,
-            records,
-        ));
+        tokio::spawn(
+            due::feed(
+                self.store.clone(),
+                announcements,
+                tenant,
+                scope,
+                self.feed,
+                records,
+            )
+            .instrument(tracing::Span::current()),
+        );
         Ok(Response::new(Box::pin(ReceiverStream::new(stream))))
     }
 

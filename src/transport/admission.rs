@@ -15,11 +15,13 @@ use http::{HeaderMap, Request, Response};
 use tonic::body::Body;
 use tonic::service::Routes;
 use tower_service::Service as _;
+use tracing::Instrument as _;
 
 use super::activity::OpenCall;
 use super::body::{BodyLimits, ByteBudget, GuardedBody, Pace, Reservation};
 use crate::auth::Authenticator;
 use crate::error::Error;
+use crate::telemetry::CallSpan;
 
 /// The largest message of the health and reflection services: their
 /// requests name a service or a symbol.
@@ -152,9 +154,20 @@ impl Admission {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let service = service_of(request.uri().path());
-        let (reservation, limits, deadline) = match self.admit(&mut request, service) {
+        // Coordinator calls run in a span of their own, from here until
+        // their answer has been sent.
+        let span = match service {
+            Service::Coordinator => CallSpan::start(request.uri().path(), request.headers()),
+            _ => CallSpan::none(),
+        };
+        let admitted = span.span().in_scope(|| self.admit(&mut request, service));
+        let (reservation, limits, deadline) = match admitted {
             Ok(admitted) => admitted,
-            Err(e) => return Either::Left(std::future::ready(Ok(refuse(e)))),
+            Err(e) => {
+                let refused = span.span().in_scope(|| refuse(e));
+                span.answered(refused.headers());
+                return Either::Left(std::future::ready(Ok(refused)));
+            }
         };
         // Calls of the health and reflection services, open to anyone, hold
         // their share for as long as they last; Coordinator calls are bounded
@@ -164,7 +177,10 @@ impl Admission {
             _ => (reservation.empty(), Some(reservation)),
         };
         let request = request.map(|body| GuardedBody::new(body, body_share, limits));
-        let answer = self.routes.clone().call(request);
+        let answer = span
+            .span()
+            .in_scope(|| self.routes.clone().call(request))
+            .instrument(span.span().clone());
         Either::Right(async move {
             let response = match deadline {
                 None => answer.await,
@@ -172,15 +188,17 @@ impl Admission {
                     let expired = Box::pin(tokio::time::sleep(deadline));
                     match futures_util::future::select(answer, expired).await {
                         Either::Left((response, _)) => response,
-                        Either::Right(_) => return Ok(refuse(Error::DeadlineExceeded)),
+                        Either::Right(_) => Ok(refuse(Error::DeadlineExceeded)),
                     }
                 }
-            };
-            Ok(response?.map(|body| {
+            }?;
+            span.answered(response.headers());
+            Ok(response.map(|body| {
                 Body::new(Tracked {
                     body,
                     _call: call,
                     _held: held,
+                    span,
                 })
             }))
         })
@@ -229,12 +247,14 @@ impl Admission {
     }
 }
 
-/// An answer's body that keeps its connection marked busy, and its call's
-/// share of the budget, until it has been sent or dropped.
+/// An answer's body that keeps its connection marked busy, its call's share
+/// of the budget and its span open, until it has been sent or dropped.
 struct Tracked {
     body: Body,
     _call: OpenCall,
     _held: Option<Reservation>,
+    /// Hears the status in the trailers.
+    span: CallSpan,
 }
 
 impl http_body::Body for Tracked {
@@ -245,7 +265,14 @@ impl http_body::Body for Tracked {
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, tonic::Status>>> {
-        std::pin::Pin::new(&mut self.get_mut().body).poll_frame(cx)
+        let this = self.get_mut();
+        let frame = std::pin::Pin::new(&mut this.body).poll_frame(cx);
+        if let std::task::Poll::Ready(Some(Ok(frame))) = &frame
+            && let Some(trailers) = frame.trailers_ref()
+        {
+            this.span.answered(trailers);
+        }
+        frame
     }
 
     fn is_end_stream(&self) -> bool {
