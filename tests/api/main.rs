@@ -23,6 +23,7 @@ mod replicas;
 mod startup;
 mod sweep;
 mod tls;
+mod traces;
 mod validation;
 mod waiting;
 mod watch;
