@@ -6,19 +6,26 @@
 //! # The call span
 //!
 //! Every Coordinator call runs inside one `call` span ([`CallSpan`], opened
-//! by admission before anything else is decided), so every line logged
-//! while it runs names it. It carries `method`, `tenant`, `scope`,
-//! `key_hash` (never the key: the first 16 hex digits of the SHA-256 of
-//! tenant, scope and key, NUL-separated, see [`key_hash`]), Acquire's
-//! `decision`, the `error` reason the caller got (its `ErrorInfo.reason`),
-//! `batch_size` (filled by the store); its start and end are the call's
-//! duration. Tokens, payloads and results are never recorded.
+//! by admission once it knows the caller), so every line logged while it
+//! runs names it. It carries `method`, `tenant`, `scope`, `key_hash` (never
+//! the key: the first 16 hex digits of the SHA-256 of tenant, scope and key,
+//! NUL-separated, see [`key_hash`]), Acquire's `decision`, the `error`
+//! reason the caller got (its `ErrorInfo.reason`) and `batch_size` (filled
+//! by the store); its start and end are the call's duration. Tokens,
+//! payloads and results are never recorded.
 //!
 //! A `traceparent` (and `tracestate`) header, W3C Trace Context, continues
 //! the caller's trace: the exported span's parent is the caller's span, and
 //! the span's `trace_id` field, on every log line of the call, is the
-//! caller's trace id, exported or not. Without an exporter, nothing of
-//! OpenTelemetry runs for a call that has no `traceparent`.
+//! caller's trace id, exported or not.
+//!
+//! The span's level is what it costs: `info` when it is exported or the
+//! caller sent a `traceparent`; otherwise `debug`, so that with the default
+//! `RUST_LOG` a call nobody traces costs no span at all (a span in the log
+//! on every call took 5–7% more of the server's CPU, README "Traces and
+//! logs"; `RUST_LOG=info,idempotency_coordinator::call=debug` logs them).
+//! Without an exporter, nothing of OpenTelemetry runs for a call that has no
+//! `traceparent`.
 //!
 //! The database driver logs every statement's parameters (lease tokens,
 //! results, error texts) at debug level, so it stays at `info` unless
@@ -37,15 +44,15 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use sha2::{Digest as _, Sha256};
 use tonic_types::StatusExt as _;
-use tracing::Span;
 use tracing::field::Empty;
+use tracing::{Level, Span};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
-use tracing_subscriber::{EnvFilter, Layer as _};
+use tracing_subscriber::{EnvFilter, Layer};
 
 use crate::config::LogFormat;
-use crate::domain::{RecordId, Scope, Tenant};
+use crate::domain::{RecordId, Scope};
 
 /// Targets that log call data at debug level: kept at `info` unless named.
 const QUIET_TARGETS: &[&str] = &["tokio_postgres"];
@@ -149,6 +156,20 @@ fn provider(endpoint: &str) -> Result<SdkTracerProvider, TelemetryError> {
         .build())
 }
 
+/// Lines on standard error, as text or JSON.
+fn log_layer<S>(format: LogFormat) -> Box<dyn Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    let log = tracing_subscriber::fmt::layer()
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => log.boxed(),
+        LogFormat::Json => log.json().boxed(),
+    }
+}
+
 /// Installs logging and, when `otlp_endpoint` is given, the span exporter
 /// (which needs the Tokio runtime: call it from within). Logging is set up
 /// even when the exporter cannot be, so that the error can be logged.
@@ -158,13 +179,7 @@ pub fn init(format: LogFormat, otlp_endpoint: Option<&str>) -> Result<Telemetry,
         Err(e) => (None, Some(e)),
     };
     let rust_log = std::env::var("RUST_LOG").ok();
-    let log = tracing_subscriber::fmt::layer()
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
-    let log = match format {
-        LogFormat::Text => log.boxed(),
-        LogFormat::Json => log.json().boxed(),
-    };
+    let log_filter = filter(rust_log.as_deref());
     // The exporter sees call spans and what is logged in them at info, whatever
     // RUST_LOG says of the log.
     let export = provider.as_ref().map(|provider| {
@@ -174,15 +189,23 @@ pub fn init(format: LogFormat, otlp_endpoint: Option<&str>) -> Result<Telemetry,
                 if meta.is_span() {
                     meta.target() == CALL_TARGET
                 } else {
-                    *meta.level() <= tracing::Level::INFO
+                    *meta.level() <= Level::INFO
                 }
             }))
     });
     EXPORTING.store(export.is_some(), Ordering::Relaxed);
-    tracing_subscriber::registry()
-        .with(log.with_filter(filter(rust_log.as_deref())))
-        .with(export)
-        .init();
+    match export {
+        // One filter for everything, checked once per callsite: a filter
+        // per layer costs a lookup on every span entered.
+        None => tracing_subscriber::registry()
+            .with(log_filter)
+            .with(log_layer(format))
+            .init(),
+        Some(export) => tracing_subscriber::registry()
+            .with(log_layer(format).with_filter(log_filter))
+            .with(export)
+            .init(),
+    }
     match failed {
         Some(e) => Err(e),
         None => Ok(Telemetry { provider }),
@@ -204,11 +227,6 @@ pub fn key_hash(tenant: &str, scope: &str, key: &str) -> String {
     hex::encode(&digest[..8])
 }
 
-/// Records the caller's tenant on the current call span.
-pub fn record_tenant(tenant: &Tenant) {
-    Span::current().record("tenant", tenant.as_str());
-}
-
 /// Records the record a call is about (scope and hashed key) on the current
 /// call span.
 pub fn record_id(id: &RecordId) {
@@ -216,11 +234,9 @@ pub fn record_id(id: &RecordId) {
     if span.is_disabled() {
         return;
     }
-    span.record("scope", id.scope.as_str());
-    span.record(
-        "key_hash",
-        key_hash(id.tenant.as_str(), id.scope.as_str(), id.key.as_str()),
-    );
+    let hash = key_hash(id.tenant.as_str(), id.scope.as_str(), id.key.as_str());
+    // Both at once: the JSON log rewrites a span's fields on each record.
+    tracing::record_all!(span, scope = id.scope.as_str(), key_hash = hash.as_str());
 }
 
 /// Records the scope of a call that names no record on the current call span.
@@ -240,54 +256,71 @@ pub struct CallSpan {
     span: Span,
 }
 
-impl CallSpan {
-    /// No span, for calls of the health and reflection services.
-    pub fn none() -> Self {
-        CallSpan {
-            span: Span::none(),
-        }
-    }
-
-    /// Opens the span of a call to `path` (`/package.Service/Method`), a
-    /// child of the caller's span when `headers` carry a `traceparent`.
-    pub fn start(path: &str, headers: &HeaderMap) -> Self {
-        let method = path.rsplit('/').next().unwrap_or(path);
-        let span = tracing::info_span!(
+/// The call span, with the fields known when it opens and room for those
+/// recorded later (the service's, the store's, the answer's).
+macro_rules! call_span {
+    ($level:expr, $method:expr, $tenant:expr, $trace_id:expr $(, $($otel:tt)*)?) => {
+        tracing::span!(
             target: CALL_TARGET,
+            $level,
             "call",
-            method,
-            tenant = Empty,
+            method = $method,
+            tenant = $tenant,
+            trace_id = $trace_id,
             scope = Empty,
             key_hash = Empty,
             decision = Empty,
             error = Empty,
             batch_size = Empty,
-            trace_id = Empty,
-            otel.name = Empty,
-            otel.kind = Empty,
-            otel.status_code = Empty,
-        );
-        if span.is_disabled() {
+            $($($otel)*)?
+        )
+    };
+}
+
+impl CallSpan {
+    /// No span, for calls of the health and reflection services.
+    pub fn none() -> Self {
+        CallSpan { span: Span::none() }
+    }
+
+    /// Opens the span of a call to `path` (`/package.Service/Method`) by
+    /// `tenant` (when admission knows it), a child of the caller's span when
+    /// `headers` carry a `traceparent`.
+    pub fn start(path: &str, headers: &HeaderMap, tenant: Option<&str>) -> Self {
+        let method = path.rsplit('/').next().unwrap_or(path);
+        let caller = || TraceContextPropagator::new().extract(&HeaderExtractor(headers));
+        if !EXPORTING.load(Ordering::Relaxed) {
+            if !headers.contains_key("traceparent") {
+                // Nobody traces this call: its span is in the log at debug
+                // level only, and otherwise costs nothing.
+                let span = call_span!(Level::DEBUG, method, tenant, Empty);
+                return CallSpan { span };
+            }
+            // Only the caller's trace id, for the log.
+            let trace_id = Some(caller().span().span_context().trace_id())
+                .filter(|id| *id != TraceId::INVALID);
+            let span = call_span!(
+                Level::INFO,
+                method,
+                tenant,
+                trace_id.map(tracing::field::display)
+            );
             return CallSpan { span };
         }
-        let exporting = EXPORTING.load(Ordering::Relaxed);
-        if exporting {
-            span.record("otel.name", path.trim_start_matches('/'));
-            span.record("otel.kind", "server");
-        }
-        if exporting || headers.contains_key("traceparent") {
-            let parent = TraceContextPropagator::new().extract(&HeaderExtractor(headers));
-            let trace_id = if exporting {
-                // Without a traceparent, an empty parent: a trace of its own,
-                // not one under the connection.
-                let _ = span.set_parent(parent);
-                span.context().span().span_context().trace_id()
-            } else {
-                parent.span().span_context().trace_id()
-            };
-            if trace_id != TraceId::INVALID {
-                span.record("trace_id", tracing::field::display(trace_id));
-            }
+        let span = call_span!(
+            Level::INFO,
+            method,
+            tenant,
+            Empty,
+            otel.name = path.trim_start_matches('/'),
+            otel.kind = "server",
+            otel.status_code = Empty,
+        );
+        // Without a traceparent, an empty parent: a trace of its own, not
+        // one under the connection.
+        if span.set_parent(caller()).is_ok() {
+            let trace_id = span.context().span().span_context().trace_id();
+            span.record("trace_id", tracing::field::display(trace_id));
         }
         CallSpan { span }
     }

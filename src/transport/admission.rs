@@ -19,7 +19,7 @@ use tracing::Instrument as _;
 
 use super::activity::OpenCall;
 use super::body::{BodyLimits, ByteBudget, GuardedBody, Pace, Reservation};
-use crate::auth::Authenticator;
+use crate::auth::{Authenticator, Caller};
 use crate::error::Error;
 use crate::telemetry::CallSpan;
 
@@ -154,13 +154,17 @@ impl Admission {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let service = service_of(request.uri().path());
+        let admitted = self.admit(&mut request, service);
         // Coordinator calls run in a span of their own, from here until
         // their answer has been sent.
         let span = match service {
-            Service::Coordinator => CallSpan::start(request.uri().path(), request.headers()),
+            Service::Coordinator => {
+                let tenant = request.extensions().get::<Caller>();
+                let tenant = tenant.map(|caller| caller.tenant.as_str());
+                CallSpan::start(request.uri().path(), request.headers(), tenant)
+            }
             _ => CallSpan::none(),
         };
-        let admitted = span.span().in_scope(|| self.admit(&mut request, service));
         let (reservation, limits, deadline) = match admitted {
             Ok(admitted) => admitted,
             Err(e) => {
@@ -212,7 +216,7 @@ impl Admission {
         request: &mut Request<B>,
         service: Service,
     ) -> Result<(Reservation, BodyLimits, Option<Duration>), Error> {
-        if service == Service::Coordinator && self.auth.is_on() {
+        if service == Service::Coordinator {
             let caller = self.auth.caller_from_headers(request.headers())?;
             request.extensions_mut().insert(caller);
         }
