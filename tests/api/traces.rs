@@ -238,3 +238,48 @@ async fn an_error_s_reason_is_on_its_span_and_spans_are_sent_before_the_server_e
     assert_ne!(hex::encode(&acquire.trace_id), TRACE_ID);
     assert_ne!(acquire.trace_id, get.trace_id, "one trace per call");
 }
+
+#[tokio::test]
+async fn without_an_exporter_only_traced_calls_log_in_a_span_carrying_the_trace_id() {
+    let db = TestDatabase::create().await;
+    // The service's debug lines on, the call spans at their default level.
+    let server = ServerProcess::launch(
+        &db.url,
+        &[],
+        Launch {
+            env: &[("RUST_LOG", "info,idempotency_coordinator::service=debug")],
+            ..Launch::default()
+        },
+    )
+    .await;
+    let mut client = server.client().await;
+    client
+        .acquire(with_trace_context(acquire("logged", "traced")))
+        .await
+        .unwrap();
+    client.acquire(acquire("logged", "untraced")).await.unwrap();
+
+    let acquire_lines = || {
+        server
+            .logs()
+            .iter()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|entry| entry["fields"]["message"] == "acquire")
+            .collect::<Vec<_>>()
+    };
+    let lines = eventually("both acquire lines", Duration::from_secs(10), || {
+        let lines = acquire_lines();
+        async move { (lines.len() == 2).then_some(lines) }
+    })
+    .await;
+    // The traced call's line is inside its span, with the caller's trace id.
+    assert_eq!(lines[0]["span"]["name"], "call", "{lines:#?}");
+    assert_eq!(lines[0]["span"]["trace_id"], TRACE_ID);
+    assert_eq!(lines[0]["span"]["tenant"], "default");
+    assert_eq!(
+        lines[0]["span"]["key_hash"],
+        key_hash("default", "logged", "traced")
+    );
+    // Nobody traces the other: no span for it at the default level.
+    assert_ne!(lines[1]["span"]["name"], "call", "{lines:#?}");
+}
