@@ -94,6 +94,18 @@ struct Pending<C> {
     /// giving up on a call no worker took by `take_by`.
     claimed: Arc<AtomicBool>,
     reply: oneshot::Sender<Result<Option<Row>, StoreError>>,
+    /// The call's span, which learns the size of the statement that
+    /// carried it (`batch_size`).
+    span: tracing::Span,
+}
+
+impl<C> Pending<C> {
+    /// Answers the caller with the row of a statement that carried `size`
+    /// calls.
+    fn answer(self, size: usize, row: Result<Option<Row>, StoreError>) {
+        self.span.record("batch_size", size);
+        let _ = self.reply.send(row);
+    }
 }
 
 /// The queue of one kind of call and the workers that drain it.
@@ -148,6 +160,7 @@ impl<C: Call> Coalescer<C> {
             take_by,
             claimed: Arc::clone(&claimed),
             reply,
+            span: tracing::Span::current(),
         };
         self.queued.fetch_add(1, Ordering::Relaxed);
         let queued = self.queue.send(pending).is_ok();
@@ -267,7 +280,7 @@ async fn run<C: Call>(settings: &Settings, batch: &mut Vec<Pending<C>>, shared: 
             let answer = mux
                 .in_time(shared, limit, alone.call.one(shared, stamp))
                 .await;
-            let _ = alone.reply.send(answer);
+            alone.answer(1, answer);
         }
         return;
     }
@@ -298,7 +311,7 @@ async fn run<C: Call>(settings: &Settings, batch: &mut Vec<Pending<C>>, shared: 
                     let answer = mux
                         .in_time(shared, limit, pending.call.one(shared, stamp))
                         .await;
-                    let _ = pending.reply.send(answer);
+                    pending.answer(1, answer);
                 });
             futures_util::future::join_all(alone).await;
             return;
@@ -307,8 +320,9 @@ async fn run<C: Call>(settings: &Settings, batch: &mut Vec<Pending<C>>, shared: 
     // The batch has committed: whatever its rows say, it must not run again.
     match by_position(rows, batch.len()) {
         Ok(rows) => {
+            let size = batch.len();
             for (pending, row) in batch.drain(..).zip(rows) {
-                let _ = pending.reply.send(Ok(Some(row)));
+                pending.answer(size, Ok(Some(row)));
             }
         }
         Err(e) => fail_all(batch, e),

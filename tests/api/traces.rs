@@ -178,6 +178,8 @@ async fn an_acquire_with_a_traceparent_continues_the_callers_trace() {
     );
     assert_eq!(attribute(&span, "trace_id").as_deref(), Some(TRACE_ID));
     assert_eq!(attribute(&span, "error"), None);
+    // The only call: its statement carried it alone.
+    assert_eq!(attribute(&span, "batch_size").as_deref(), Some("1"));
     // Neither the key nor the lease token leaves the server in a span.
     let token = token(&answer);
     let exported = receiver.everything();
