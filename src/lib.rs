@@ -61,13 +61,17 @@
 //!   record, fencing tokens growing, one live lease per key, every PROCEED
 //!   accounted for); used by the fault tests and the benchmark. Pure: uses
 //!   nothing of ours.
+//! - [`metrics`]: Prometheus metrics in one process-wide registry, and the
+//!   plain HTTP listener that serves them (`--metrics-listen`). A leaf that
+//!   uses nothing of ours, so that every layer may count what it sees.
 //!
 //! Dependencies point one way: `service` uses `domain`, `store`, `notify`
 //! and `error` (and the caller's deadline as `transport` read it);
 //! `notify` uses `domain` and `store`; `transport` uses `auth`, `error` and
 //! `tls`, and reaches the services only as the routes `startup` hands it;
 //! `error` uses `domain`, `auth` and `store`; `store` uses `domain` only;
-//! `domain` uses nothing of ours. Only `startup` and `config` see everything.
+//! `domain` uses nothing of ours. `metrics` uses nothing of ours either and
+//! every module may call it. Only `startup` and `config` see everything.
 
 pub mod auth;
 pub mod config;
@@ -75,6 +79,7 @@ pub mod domain;
 pub mod embedded;
 pub mod error;
 pub mod history;
+pub mod metrics;
 pub mod notify;
 pub mod recovery;
 pub mod service;
