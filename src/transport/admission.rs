@@ -20,6 +20,7 @@ use super::activity::OpenCall;
 use super::body::{BodyLimits, ByteBudget, GuardedBody, Pace, Reservation};
 use crate::auth::Authenticator;
 use crate::error::Error;
+use crate::metrics;
 
 /// The largest message of the health and reflection services: their
 /// requests name a service or a symbol.
@@ -148,10 +149,11 @@ impl Admission {
         B: http_body::Body<Data = bytes::Bytes> + Unpin + Send + 'static,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
+        let rpc = metrics::Rpc::start(request.uri().path());
         let service = service_of(request.uri().path());
         let (reservation, limits, deadline) = match self.admit(&mut request, service) {
             Ok(admitted) => admitted,
-            Err(e) => return Either::Left(std::future::ready(Ok(refuse(e)))),
+            Err(e) => return Either::Left(std::future::ready(Ok(answered(rpc, refuse(e)).0))),
         };
         // Calls of the health and reflection services, open to anyone, hold
         // their share for as long as they last; Coordinator calls are bounded
@@ -169,13 +171,17 @@ impl Admission {
                     let expired = Box::pin(tokio::time::sleep(answer_by(deadline)));
                     match futures_util::future::select(answer, expired).await {
                         Either::Left((response, _)) => response,
-                        Either::Right(_) => return Ok(refuse(Error::DeadlineExceeded)),
+                        Either::Right(_) => {
+                            return Ok(answered(rpc, refuse(Error::DeadlineExceeded)).0);
+                        }
                     }
                 }
             };
-            Ok(response?.map(|body| {
+            let (response, rpc) = answered(rpc, response?);
+            Ok(response.map(|body| {
                 Body::new(Tracked {
                     body,
+                    rpc,
                     _call: call,
                     _held: held,
                 })
@@ -226,10 +232,33 @@ impl Admission {
     }
 }
 
+/// The status of a gRPC answer's headers or trailers, if they carry one.
+fn grpc_status(headers: &HeaderMap) -> Option<tonic::Code> {
+    headers
+        .get("grpc-status")
+        .map(|code| tonic::Code::from_bytes(code.as_bytes()))
+}
+
+/// Records `rpc` now if `response` carries its status in its headers (a
+/// call refused, or answered with an error); otherwise hands it back to be
+/// recorded when the trailers go out.
+fn answered(rpc: metrics::Rpc, response: Response<Body>) -> (Response<Body>, Option<metrics::Rpc>) {
+    match grpc_status(response.headers()) {
+        Some(code) => {
+            rpc.finish(code);
+            (response, None)
+        }
+        None => (response, Some(rpc)),
+    }
+}
+
 /// An answer's body that keeps its connection marked busy, and its call's
-/// share of the budget, until it has been sent or dropped.
+/// share of the budget, until it has been sent or dropped; its trailers
+/// give the call's final status to metrics (a body dropped before them
+/// counts as CANCELLED).
 struct Tracked {
     body: Body,
+    rpc: Option<metrics::Rpc>,
     _call: OpenCall,
     _held: Option<Reservation>,
 }
@@ -242,7 +271,20 @@ impl http_body::Body for Tracked {
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, tonic::Status>>> {
-        std::pin::Pin::new(&mut self.get_mut().body).poll_frame(cx)
+        let this = self.get_mut();
+        let polled = std::pin::Pin::new(&mut this.body).poll_frame(cx);
+        if let std::task::Poll::Ready(Some(frame)) = &polled {
+            let code = match frame {
+                Ok(frame) => frame.trailers_ref().and_then(grpc_status),
+                Err(status) => Some(status.code()),
+            };
+            if let Some(code) = code
+                && let Some(rpc) = this.rpc.take()
+            {
+                rpc.finish(code);
+            }
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
