@@ -22,11 +22,12 @@ use tonic::{Request, Response, Status};
 use crate::auth::{Authenticator, Caller};
 use crate::domain::{AcquireCommand, Policy};
 use crate::error::Error;
+use crate::metrics;
 use crate::notify::Hub;
 use crate::proto;
 use crate::proto::acquire_request::RequestFingerprint;
 use crate::proto::coordinator_server::Coordinator;
-use crate::store::Store;
+use crate::store::{Store, names};
 use crate::sweeper::Sweeper;
 use crate::transport::CallDeadline;
 
@@ -112,6 +113,8 @@ impl CoordinatorService {
                 }
             }
             .map_err(Error::from)?;
+            let decision = names::decision_name(acquired.decision);
+            metrics::acquired(decision, cmd.id.scope.as_str(), acquired.took_over());
             tracing::debug!(scope = cmd.id.scope.as_str(), decision = ?acquired.decision, "acquire");
             Ok(Response::new(encode::acquired(acquired)))
         }
