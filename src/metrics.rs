@@ -185,6 +185,7 @@ struct Metrics {
     watched_records: Gauge,
     waiters_refused: Family<RefusedWaiterLabels, Counter>,
     streams_open: Family<StreamLabels, Gauge>,
+    ready: Gauge,
     listener_connected: Gauge,
     listener_connections: Counter,
     sweeps: Family<OutcomeLabels, Counter>,
@@ -221,6 +222,7 @@ impl Metrics {
             watched_records: Gauge::default(),
             waiters_refused: Family::default(),
             streams_open: Family::default(),
+            ready: Gauge::default(),
             listener_connected: Gauge::default(),
             listener_connections: Counter::default(),
             sweeps: Family::default(),
@@ -328,8 +330,13 @@ impl Metrics {
             m.streams_open.clone(),
         );
         r.register(
+            "ready",
+            "1 while readiness (health service idempotency.v1.Coordinator) is SERVING: the listener is connected and the calls' connections answer",
+            m.ready.clone(),
+        );
+        r.register(
             "listener_connected",
-            "1 while the LISTEN connection is up and reading the database's clock on time (readiness follows it)",
+            "1 while the LISTEN connection is up and reading the database's clock on time (readiness needs it; waiters poll without it)",
             m.listener_connected.clone(),
         );
         r.register(
@@ -728,6 +735,11 @@ impl Drop for OpenStream {
     fn drop(&mut self) {
         self.0.dec();
     }
+}
+
+/// Readiness turned SERVING (`true`) or NOT_SERVING.
+pub fn ready(up: bool) {
+    METRICS.ready.set(i64::from(up));
 }
 
 /// The LISTEN connection went up (a new session) or down.

@@ -541,6 +541,7 @@ impl Application {
             reporter
                 .set_not_serving::<CoordinatorServer<CoordinatorService>>()
                 .await;
+            metrics::ready(false);
             reporter
                 .set_service_status("", ServingStatus::NotServing)
                 .await;
@@ -633,6 +634,7 @@ async fn follow_database(
         let notified = *listening.borrow_and_update();
         hub.set_connected(notified);
         let up = notified && *answering.borrow_and_update();
+        metrics::ready(up);
         if up {
             reporter
                 .set_serving::<CoordinatorServer<CoordinatorService>>()

@@ -165,16 +165,16 @@ fn lint(scrape: &Scrape) {
     );
 }
 
-async fn until_listening(addr: SocketAddr) {
+/// Waits until the server is ready: its listener connected (which has read
+/// the database's clock) and the calls' connections answering.
+async fn until_ready(addr: SocketAddr) {
     eventually(
-        "the listener to connect",
+        "the server to be ready",
         Duration::from_secs(30),
         || async {
-            (scrape(addr)
-                .await
-                .value("idempotency_listener_connected", &[])
-                == Some(1.0))
-            .then_some(())
+            let s = scrape(addr).await;
+            let listening = s.value("idempotency_listener_connected", &[]) == Some(1.0);
+            (listening && s.value("idempotency_ready", &[]) == Some(1.0)).then_some(())
         },
     )
     .await;
@@ -203,7 +203,7 @@ async fn a_known_sequence_of_calls_shows_in_exact_counts() {
     let metrics = metrics_addr(&server);
     // The replay cache answers once the listener has read the database's
     // clock.
-    until_listening(metrics).await;
+    until_ready(metrics).await;
 
     let channel = Channel::from_shared(format!("http://{}", server.addr))
         .unwrap()
@@ -406,7 +406,7 @@ async fn waiters_streams_and_takeovers_show_while_they_last() {
     )
     .await;
     let metrics = metrics_addr(&server);
-    until_listening(metrics).await;
+    until_ready(metrics).await;
     let mut client = server.client().await;
 
     // A holder whose 3 s lease runs out, a Watch on its record and a waiter
