@@ -202,9 +202,8 @@ struct Metrics {
 
 impl Metrics {
     fn new() -> Self {
-        let mut registry = Registry::with_prefix("idempotency");
-        let m = Metrics {
-            registry: Registry::default(),
+        let mut m = Metrics {
+            registry: Registry::with_prefix("idempotency"),
             rpcs: Family::default(),
             rpc_duration: Family::new_with_constructor(latency_histogram),
             decisions: Family::default(),
@@ -236,7 +235,7 @@ impl Metrics {
             shared_connections: Gauge::default(),
             shared_connected: Gauge::default(),
         };
-        let r = &mut registry;
+        let r = &mut m.registry;
         r.register(
             "build",
             "The server's version",
@@ -396,7 +395,7 @@ impl Metrics {
             m.shared_connected.clone(),
         );
         m.zero();
-        Metrics { registry, ..m }
+        m
     }
 
     /// Creates the series of every bounded label value at zero, so that
