@@ -17,6 +17,7 @@ use crate::domain::{Refusal, TooManyWaiters};
 use crate::metrics;
 use crate::store::{QueryTimeout, StoreError};
 use deadpool_postgres::PoolError;
+use tokio_postgres::error::SqlState;
 
 /// The `ErrorInfo.domain` of every error this service returns.
 pub const ERROR_DOMAIN: &str = "idempotency.v1";
@@ -78,8 +79,9 @@ fn describe(violations: &[Violation]) -> String {
 }
 
 /// What metrics call a database failure: the kind of `Unavailable` is read
-/// from its cause chain (a statement past `--query-timeout`, no pooled
-/// connection within the wait, or anything else).
+/// from its cause chain (a statement past `--query-timeout`, or cancelled by
+/// PostgreSQL for running past its statement timeout or its deadline; no
+/// pooled connection within the wait; anything else).
 fn database_error_kind(error: &StoreError) -> Option<metrics::DatabaseError> {
     use metrics::DatabaseError as Kind;
     Some(match error {
@@ -87,7 +89,11 @@ fn database_error_kind(error: &StoreError) -> Option<metrics::DatabaseError> {
         StoreError::Unavailable(source) => {
             let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(source.as_ref());
             while let Some(e) = cause {
-                if e.is::<QueryTimeout>() {
+                let cancelled = e
+                    .downcast_ref::<tokio_postgres::Error>()
+                    .and_then(tokio_postgres::Error::as_db_error)
+                    .is_some_and(|db| *db.code() == SqlState::QUERY_CANCELED);
+                if cancelled || e.is::<QueryTimeout>() {
                     return Some(Kind::Timeout);
                 }
                 if let Some(PoolError::Timeout(_)) = e.downcast_ref::<PoolError>() {
