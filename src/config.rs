@@ -390,6 +390,16 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEMPOTENCY_HEALTH_INTERVAL", default_value_t = hd(DEFAULT_HEALTH_INTERVAL),
           value_parser = at_least_10ms)]
     pub health_interval: humantime::Duration,
+
+    /// Serve Prometheus metrics at GET /metrics over plain HTTP on this
+    /// address (port 0 picks a free port); off unless given.
+    #[arg(long, env = "IDEMPOTENCY_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+
+    /// Also count Acquire decisions by scope. Scopes are chosen by callers,
+    /// so every scope becomes a time series: only for a bounded set.
+    #[arg(long, env = "IDEMPOTENCY_METRICS_SCOPE_LABELS")]
+    pub metrics_scope_labels: bool,
 }
 
 impl StoreConfig {
@@ -463,6 +473,10 @@ pub struct ServeConfig {
     /// How long to wait for the database at start: `None` forever, zero
     /// one attempt.
     pub database_wait: Option<Duration>,
+    /// Where Prometheus metrics are served; `None`: nowhere.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Acquire decisions are also counted by scope.
+    pub metrics_scope_labels: bool,
 }
 
 impl ServeConfig {
@@ -501,6 +515,8 @@ impl ServeConfig {
             allow_empty_credentials: false,
             tls: None,
             database_wait: Some(DEFAULT_DATABASE_WAIT),
+            metrics_listen: None,
+            metrics_scope_labels: false,
         }
     }
 }
@@ -576,6 +592,8 @@ impl From<ServeArgs> for ServeConfig {
                 client_ca: a.tls_client_ca,
             }),
             database_wait: nonzero(a.database_wait.into()),
+            metrics_listen: a.metrics_listen,
+            metrics_scope_labels: a.metrics_scope_labels,
         }
     }
 }

@@ -64,6 +64,9 @@
 //!   record, fencing tokens growing, one live lease per key, every PROCEED
 //!   accounted for); used by the fault tests and the benchmark. Pure: uses
 //!   nothing of ours.
+//! - [`metrics`]: Prometheus metrics in one process-wide registry, and the
+//!   plain HTTP listener that serves them (`--metrics-listen`). A leaf that
+//!   uses nothing of ours, so that every layer may count what it sees.
 //!
 //! Dependencies point one way: `service` uses `domain`, `store`, `notify`,
 //! `error` and `telemetry` (and the caller's deadline as `transport` read
@@ -72,7 +75,8 @@
 //! routes `startup` hands it; `telemetry` uses `domain` (and `config`'s log
 //! format);
 //! `error` uses `domain`, `auth` and `store`; `store` uses `domain` only;
-//! `domain` uses nothing of ours. Only `startup` and `config` see everything.
+//! `domain` uses nothing of ours. `metrics` uses nothing of ours either and
+//! every module may call it. Only `startup` and `config` see everything.
 
 pub mod auth;
 pub mod config;
@@ -80,6 +84,7 @@ pub mod domain;
 pub mod embedded;
 pub mod error;
 pub mod history;
+pub mod metrics;
 pub mod notify;
 pub mod recovery;
 pub mod service;

@@ -30,6 +30,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 
 use crate::domain::{Record, RecordId, Refusal, Scope, Tenant, TooManyWaiters, WaiterLimits};
+use crate::metrics;
 use crate::store::{Change, StoreError};
 
 /// How often waiters re-read while the listener is down.
@@ -166,13 +167,15 @@ impl Hub {
     }
 
     /// Takes a waiter's place for `tenant`, if one is free.
-    fn admit(&self, tenant: &Tenant) -> Result<(), TooManyWaiters> {
+    fn admit(&self, tenant: &Tenant, kind: metrics::Waiter) -> Result<(), TooManyWaiters> {
         let mut per_tenant = self.per_tenant();
         if self.waiters.load(Ordering::SeqCst) >= self.limits.total {
+            metrics::waiter_refused(kind, false);
             return Err(TooManyWaiters::Server);
         }
         let count = per_tenant.entry(tenant.clone()).or_insert(0);
         if *count >= self.limits.per_tenant {
+            metrics::waiter_refused(kind, true);
             return Err(TooManyWaiters::Tenant);
         }
         *count += 1;
@@ -194,7 +197,7 @@ impl Hub {
     /// Starts listening for changes of `id`, if the waiter limits allow.
     /// Subscribe before reading the record, then wait on the subscription.
     pub fn subscribe(self: &Arc<Self>, id: &RecordId) -> Result<Subscription, TooManyWaiters> {
-        self.admit(&id.tenant)?;
+        self.admit(&id.tenant, metrics::Waiter::Record)?;
         let (id, version, latest) = self.records.subscribe(id);
         Ok(Subscription {
             hub: Arc::clone(self),
@@ -211,7 +214,7 @@ impl Hub {
         tenant: Tenant,
         scope: Scope,
     ) -> Result<DueSubscription, TooManyWaiters> {
-        self.admit(&tenant)?;
+        self.admit(&tenant, metrics::Waiter::Due)?;
         let (id, version, ()) = self.scopes.subscribe(&(tenant, scope));
         Ok(DueSubscription {
             hub: Arc::clone(self),

@@ -23,6 +23,7 @@ use tonic_health::ServingStatus;
 use crate::auth::{Authenticator, CredentialsError};
 use crate::config::ServeConfig;
 use crate::error::{Error, cause_chain};
+use crate::metrics;
 use crate::notify::Hub;
 use crate::proto::{self, coordinator_server::CoordinatorServer};
 use crate::recovery::Webhook;
@@ -247,6 +248,8 @@ pub struct Application {
     pg: tokio_postgres::Config,
     /// The database answered (and was migrated) before `run_until`.
     database_ready: bool,
+    /// Where Prometheus metrics are served, when configured.
+    metrics_listener: Option<TcpListener>,
 }
 
 impl Application {
@@ -296,6 +299,14 @@ impl Application {
                     addr: config.listen,
                     source,
                 })?;
+        let metrics_listener = match config.metrics_listen {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| StartupError::Bind { addr, source })?,
+            ),
+            None => None,
+        };
         let waiter_limits = config.waiter_limits;
         Ok(Application {
             listener,
@@ -307,7 +318,15 @@ impl Application {
             tls,
             pg,
             database_ready: false,
+            metrics_listener,
         })
+    }
+
+    /// Where metrics are served, when they are.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
     }
 
     /// The address actually bound (the real port when asked for port 0).
@@ -366,6 +385,7 @@ impl Application {
             tls,
             pg,
             database_ready,
+            metrics_listener,
         } = self;
         if auth.is_on() {
             tracing::info!("authentication on: bearer tokens required");
@@ -405,6 +425,7 @@ impl Application {
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
             .build_v1alpha()?;
+        let (metrics_store, metrics_hub) = (store.clone(), Arc::clone(&hub));
         let sweeper = Sweeper::new(store.clone(), config.sweep_batch);
         if config.sweep_interval.is_zero() && config.webhook.is_some() {
             tracing::warn!("the recovery webhook runs with the sweeper, which is off");
@@ -520,6 +541,7 @@ impl Application {
             reporter
                 .set_not_serving::<CoordinatorServer<CoordinatorService>>()
                 .await;
+            metrics::ready(false);
             reporter
                 .set_service_status("", ServingStatus::NotServing)
                 .await;
@@ -543,6 +565,16 @@ impl Application {
             config.max_request_bytes,
             config.request_body_timeout,
         ));
+        metrics::set_scope_labels(config.metrics_scope_labels);
+        let exporting = metrics_listener.map(|listener| {
+            if let Ok(addr) = listener.local_addr() {
+                tracing::info!(%addr, "serving metrics at /metrics");
+            }
+            tokio::spawn(metrics::serve(
+                listener,
+                metrics_snapshot(metrics_store, metrics_hub),
+            ))
+        });
         let mut connections = config.connections;
         connections.max_connections = connection_cap(&config);
         tracing::info!(
@@ -554,12 +586,37 @@ impl Application {
         );
         transport::serve(listener, tls, admission, connections, drain).await;
         polling.abort();
+        if let Some(exporting) = exporting {
+            exporting.abort();
+        }
         if let Ok(e) = failure.await {
             return Err(e);
         }
         tracing::info!("stopped");
         Ok(())
     }
+}
+
+/// Reads, at each scrape, the state metrics show: the store's connections
+/// and queue, and the hub's waiters.
+fn metrics_snapshot(store: Store, hub: Arc<Hub>) -> metrics::SnapshotFn {
+    Arc::new(move || {
+        let pool = store.pool_status();
+        let (shared_connections, shared_connected) = store.shared_connections();
+        metrics::Snapshot {
+            pool_max_size: pool.max_size,
+            pool_size: pool.size,
+            pool_available: pool.available,
+            pool_waiting: pool.waiting,
+            shared_connections,
+            shared_connected,
+            queued_calls: store.queued_calls(),
+            replay_cache_bytes: store.replay_cache_bytes(),
+            waiters: hub.waiters(),
+            waiters_parked: hub.parked(),
+            watched_records: hub.watched_records(),
+        }
+    })
 }
 
 /// Maps the database's state onto readiness: `idempotency.v1.Coordinator`
@@ -577,6 +634,7 @@ async fn follow_database(
         let notified = *listening.borrow_and_update();
         hub.set_connected(notified);
         let up = notified && *answering.borrow_and_update();
+        metrics::ready(up);
         if up {
             reporter
                 .set_serving::<CoordinatorServer<CoordinatorService>>()

@@ -13,6 +13,7 @@ use tokio::time::MissedTickBehavior;
 
 use crate::domain::{SweepCounts, Tenant};
 use crate::error::cause_chain;
+use crate::metrics::{self, SweepOutcome};
 use crate::recovery::Webhook;
 use crate::store::{Store, StoreError};
 
@@ -70,6 +71,7 @@ impl Sweeper {
                     break; // another replica took over between batches
                 };
                 total += counts;
+                metrics::swept(counts.expired_deleted, counts.leases_reclaimed);
                 let n = u64::from(n);
                 if counts.expired_deleted < n && counts.leases_reclaimed < n {
                     break; // nothing more of either kind
@@ -113,7 +115,15 @@ pub async fn run(
     loop {
         ticks.tick().await;
         let started = tokio::time::Instant::now();
-        match sweeper.sweep(None, None, false, true).await {
+        let swept = sweeper.sweep(None, None, false, true).await;
+        let outcome = match &swept {
+            Ok(Some(_)) => SweepOutcome::Swept,
+            Ok(None) => SweepOutcome::Skipped,
+            Err(_) => SweepOutcome::Failed,
+        };
+        let due = swept.as_ref().ok().and_then(|c| c.map(|c| c.retries_due));
+        metrics::sweep_round(outcome, started.elapsed(), due);
+        match swept {
             Ok(Some(counts)) => {
                 totals.add(&counts);
                 if counts.expired_deleted + counts.leases_reclaimed > 0 {

@@ -110,10 +110,29 @@ pub struct Acquired {
     pub retry_after: Option<Duration>,
 }
 
+/// How the last error of a record whose dead lease the sweeper reclaimed
+/// begins (`sql/0003_maintenance.sql`, `idempotency_sweep_batch`).
+const RECLAIMED_LEASE_ERROR: &str = "the lease of attempt ";
+
 impl Acquired {
     /// The lease, for the caller that may proceed.
     pub fn lease(&self) -> Option<&Lease> {
         (self.decision == Decision::Proceed).then_some(&self.record.lease)
+    }
+
+    /// Whether this answer took over a key whose previous lease ran out
+    /// before its holder completed, as far as the answer tells: PROCEED on
+    /// an attempt above the first, with no failure reported since (the last
+    /// error is empty, or the one the sweeper writes when it reclaims a dead
+    /// lease). A retry after a reported failure is not a takeover; a takeover
+    /// after an earlier attempt's reported failure looks like one and is not
+    /// counted, and a caller asking again with the `request_id` of a lease
+    /// it already holds (an answer lost) counts again.
+    pub fn took_over(&self) -> bool {
+        self.decision == Decision::Proceed
+            && self.record.lease.attempt > 1
+            && (self.record.last_error.is_empty()
+                || self.record.last_error.starts_with(RECLAIMED_LEASE_ERROR))
     }
 }
 
@@ -212,5 +231,67 @@ impl std::ops::AddAssign for SweepCounts {
         self.expired_deleted += other.expired_deleted;
         self.leases_reclaimed += other.leases_reclaimed;
         self.retries_due += other.retries_due;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{Fingerprint, LeaseToken};
+
+    fn answer(decision: Decision, attempt: u32, last_error: &str) -> Acquired {
+        let now = chrono::Utc::now();
+        Acquired {
+            decision,
+            record: Record {
+                scope: "s".into(),
+                key: "k".into(),
+                status: Status::Processing,
+                fingerprint: Fingerprint::of_payload(b"request"),
+                attempt_count: attempt,
+                max_attempts: 10,
+                lease_expires_at: Some(now),
+                next_retry_at: None,
+                last_error: last_error.into(),
+                last_error_at: None,
+                result: None,
+                checkpoint: Vec::new(),
+                fencing_token: 1,
+                created_at: now,
+                updated_at: now,
+                completed_at: None,
+                expires_at: now,
+                lease: Lease {
+                    token: LeaseToken::from_uuid(uuid::Uuid::new_v4()),
+                    attempt,
+                    expires_at: Some(now),
+                    fencing_token: 1,
+                },
+            },
+            retry_after: None,
+        }
+    }
+
+    #[test]
+    fn a_takeover_is_a_later_attempt_with_no_failure_reported_since() {
+        assert!(answer(Decision::Proceed, 2, "").took_over());
+        assert!(
+            answer(
+                Decision::Proceed,
+                3,
+                "the lease of attempt 2 of 10 ran out before it completed"
+            )
+            .took_over(),
+            "reclaimed by the sweeper, then taken"
+        );
+        assert!(
+            !answer(Decision::Proceed, 1, "").took_over(),
+            "first attempt"
+        );
+        assert!(
+            !answer(Decision::Proceed, 2, "payment gateway said 503").took_over(),
+            "a retry after a reported failure"
+        );
+        assert!(!answer(Decision::InProgress, 2, "").took_over());
     }
 }

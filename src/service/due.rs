@@ -11,6 +11,7 @@ use tonic::Status;
 
 use crate::domain::{DueReason, DueRecord, Scope, Tenant};
 use crate::error::{Error, cause_chain};
+use crate::metrics;
 use crate::notify::DueSubscription;
 use crate::proto;
 use crate::store::{Store, StoreError};
@@ -51,6 +52,7 @@ pub async fn feed(
     config: FeedConfig,
     records: mpsc::Sender<Result<proto::DueRecord, Status>>,
 ) {
+    let _open = metrics::stream_opened(metrics::Stream::WatchDue);
     let subscriber = uuid::Uuid::new_v4();
     loop {
         if records.capacity() == 0 {

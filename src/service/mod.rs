@@ -23,11 +23,12 @@ use tracing::Instrument as _;
 use crate::auth::{Authenticator, Caller};
 use crate::domain::{AcquireCommand, Policy};
 use crate::error::Error;
+use crate::metrics;
 use crate::notify::Hub;
 use crate::proto;
 use crate::proto::acquire_request::RequestFingerprint;
 use crate::proto::coordinator_server::Coordinator;
-use crate::store::Store;
+use crate::store::{Store, names};
 use crate::sweeper::Sweeper;
 use crate::telemetry;
 use crate::transport::CallDeadline;
@@ -114,6 +115,8 @@ impl CoordinatorService {
                 }
             }
             .map_err(Error::from)?;
+            let decision = names::decision_name(acquired.decision);
+            metrics::acquired(decision, cmd.id.scope.as_str(), acquired.took_over());
             tracing::debug!(scope = cmd.id.scope.as_str(), decision = ?acquired.decision, "acquire");
             let answer = encode::acquired(acquired);
             telemetry::record_decision(answer.decision().as_str_name());

@@ -17,6 +17,7 @@ use crate::domain::{
     Status as RecordStatus,
 };
 use crate::error::{Error, cause_chain};
+use crate::metrics;
 use crate::notify::Subscription;
 use crate::proto;
 use crate::store::{Store, StoreError};
@@ -191,6 +192,7 @@ pub async fn follow(
     window: Duration,
     events: mpsc::Sender<Result<proto::WatchEvent, Status>>,
 ) {
+    let _open = metrics::stream_opened(metrics::Stream::Watch);
     let end = Instant::now() + window;
     let mut last = first;
     if last.status != RecordStatus::Processing {

@@ -46,6 +46,9 @@ pub(super) trait Call: Send + Sync + Sized + 'static {
     /// The single-call statement.
     const ALONE: &'static str;
 
+    /// What metrics call this kind of call's batches.
+    const KIND: crate::metrics::BatchKind;
+
     /// The row it concerns: batches lock rows in this order.
     fn row_key(&self) -> (&str, &str, &str);
 
@@ -273,6 +276,7 @@ fn not_taken() -> StoreError {
 /// Runs the batch and answers every caller in it.
 async fn run<C: Call>(settings: &Settings, batch: &mut Vec<Pending<C>>, shared: &Arc<Shared>) {
     let mux = &settings.mux;
+    crate::metrics::batch_ran(C::KIND, batch.len());
     let limit = settings.query_timeout;
     let stamp = settings.clock.stamp(super::mux::statement_limit(limit));
     if batch.len() <= 1 {

@@ -70,6 +70,7 @@ fn column<'a, C, T: 'a>(calls: &'a [&'a C], f: impl Fn(&'a C) -> T) -> Vec<T> {
 
 impl Call for AcquireCall {
     const ALONE: &'static str = ACQUIRE;
+    const KIND: crate::metrics::BatchKind = crate::metrics::BatchKind::Acquire;
 
     fn row_key(&self) -> (&str, &str, &str) {
         (&self.tenant, &self.scope, &self.key)
@@ -174,6 +175,7 @@ impl CompleteCall {
 
 impl Call for CompleteCall {
     const ALONE: &'static str = COMPLETE;
+    const KIND: crate::metrics::BatchKind = crate::metrics::BatchKind::Complete;
 
     fn row_key(&self) -> (&str, &str, &str) {
         (&self.tenant, &self.scope, &self.key)

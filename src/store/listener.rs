@@ -85,6 +85,7 @@ pub fn start(
         loop {
             let (why, was_listening) = listen_once(&pg, &state, interval, &clock, &on_change).await;
             state.send_replace(false);
+            crate::metrics::listener_connected(false);
             if was_listening {
                 reported = false;
             }
@@ -167,6 +168,7 @@ async fn listen_once(
         return (format!("reading the clock failed: {}", e), false);
     }
     state.send_replace(true);
+    crate::metrics::listener_connected(true);
     tracing::info!("listening for changes; ready");
     let why = loop {
         tokio::time::sleep(interval).await;

@@ -114,6 +114,24 @@ impl Store {
             .map_or(0, |b| b.acquire.queued() + b.complete.queued())
     }
 
+    /// The pool's state: connections allowed, open and idle, and calls
+    /// waiting for one (read by metrics at scrape time).
+    pub fn pool_status(&self) -> deadpool_postgres::Status {
+        self.pool.status()
+    }
+
+    /// Shared connections configured, and how many are connected now.
+    pub fn shared_connections(&self) -> (usize, usize) {
+        self.mux
+            .as_ref()
+            .map_or((0, 0), |mux| (mux.len(), mux.connected()))
+    }
+
+    /// Bytes the replay cache holds.
+    pub fn replay_cache_bytes(&self) -> u64 {
+        self.replays.as_ref().map_or(0, |r| r.weight())
+    }
+
     /// How long a call waits for a connection unless told otherwise.
     pub fn connect_wait(&self) -> Duration {
         self.connect_wait

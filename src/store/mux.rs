@@ -115,6 +115,22 @@ impl Mux {
         }
     }
 
+    /// Shared connections configured.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Shared connections connected now (one being connected counts as not).
+    pub fn connected(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|slot| {
+                slot.try_read()
+                    .is_ok_and(|s| s.as_ref().is_some_and(|s| !s.client.is_closed()))
+            })
+            .count()
+    }
+
     /// The next connection, connecting it (within `wait`) if it is new or
     /// has closed.
     pub async fn get(&self, wait: Duration) -> Result<Arc<Shared>, StoreError> {

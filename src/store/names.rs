@@ -28,6 +28,18 @@ pub fn decision(name: &str) -> Option<Decision> {
     })
 }
 
+/// The name `idempotency_acquire` (and the contract) gives `decision`.
+pub fn decision_name(decision: Decision) -> &'static str {
+    match decision {
+        Decision::Proceed => "PROCEED",
+        Decision::AlreadyDone => "ALREADY_DONE",
+        Decision::InProgress => "IN_PROGRESS",
+        Decision::RetryLater => "RETRY_LATER",
+        Decision::Conflict => "CONFLICT",
+        Decision::Exhausted => "EXHAUSTED",
+    }
+}
+
 /// The outcome the SQL functions return for a call on a lease: `Some(None)`
 /// for `OK`, `Some(Some(_))` for a refusal, `None` for a name not theirs.
 pub fn refusal(name: &str) -> Option<Option<Refusal>> {
@@ -64,7 +76,7 @@ mod tests {
             "CONFLICT",
             "EXHAUSTED",
         ] {
-            assert!(decision(name).is_some(), "{name}");
+            assert_eq!(decision(name).map(decision_name), Some(name));
         }
         for name in ["PROCESSING", "SUCCEEDED", "FAILED", "FAILED_PERMANENT"] {
             assert!(status(name).is_some(), "{name}");

@@ -56,6 +56,17 @@ impl Replays {
     /// The answer `idempotency_acquire` would give `cmd` at `now` (database
     /// time), if this process holds the record and it is live.
     pub fn answer(&self, cmd: &AcquireCommand, now: DateTime<Utc>) -> Option<Acquired> {
+        let answer = self.lookup(cmd, now);
+        crate::metrics::replay_lookup(answer.is_some());
+        answer
+    }
+
+    /// Bytes held, as `BySize` weighs them.
+    pub fn weight(&self) -> u64 {
+        self.records.weight()
+    }
+
+    fn lookup(&self, cmd: &AcquireCommand, now: DateTime<Utc>) -> Option<Acquired> {
         let kept = self.records.get(&cmd.id)?;
         if kept.at.elapsed() >= MAX_AGE || !answers_until(&kept.record, now) {
             // Left in place: a fresher read replaces it, or eviction does.

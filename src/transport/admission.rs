@@ -22,6 +22,7 @@ use super::body::{BodyLimits, ByteBudget, GuardedBody, Pace, Reservation};
 use crate::auth::{Authenticator, Caller};
 use crate::error::Error;
 use crate::telemetry::CallSpan;
+use crate::metrics;
 
 /// The largest message of the health and reflection services: their
 /// requests name a service or a symbol.
@@ -153,6 +154,7 @@ impl Admission {
         B: http_body::Body<Data = bytes::Bytes> + Unpin + Send + 'static,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
+        let rpc = metrics::Rpc::start(request.uri().path());
         let service = service_of(request.uri().path());
         let admitted = self.admit(&mut request, service);
         // Coordinator calls run in a span of their own, from here until
@@ -170,7 +172,7 @@ impl Admission {
             Err(e) => {
                 let refused = span.span().in_scope(|| refuse(e));
                 span.answered(refused.headers());
-                return Either::Left(std::future::ready(Ok(refused)));
+                return Either::Left(std::future::ready(Ok(answered(rpc, refused).0)));
             }
         };
         // Calls of the health and reflection services, open to anyone, hold
@@ -197,9 +199,11 @@ impl Admission {
                 }
             }?;
             span.answered(response.headers());
+            let (response, rpc) = answered(rpc, response);
             Ok(response.map(|body| {
                 Body::new(Tracked {
                     body,
+                    rpc,
                     _call: call,
                     _held: held,
                     span,
@@ -251,10 +255,33 @@ impl Admission {
     }
 }
 
+/// The status of a gRPC answer's headers or trailers, if they carry one.
+fn grpc_status(headers: &HeaderMap) -> Option<tonic::Code> {
+    headers
+        .get("grpc-status")
+        .map(|code| tonic::Code::from_bytes(code.as_bytes()))
+}
+
+/// Records `rpc` now if `response` carries its status in its headers (a
+/// call refused, or answered with an error); otherwise hands it back to be
+/// recorded when the trailers go out.
+fn answered(rpc: metrics::Rpc, response: Response<Body>) -> (Response<Body>, Option<metrics::Rpc>) {
+    match grpc_status(response.headers()) {
+        Some(code) => {
+            rpc.finish(code);
+            (response, None)
+        }
+        None => (response, Some(rpc)),
+    }
+}
+
 /// An answer's body that keeps its connection marked busy, its call's share
-/// of the budget and its span open, until it has been sent or dropped.
+/// of the budget and its span open, until it has been sent or dropped; its
+/// trailers give the call's final status to its span and to metrics (a
+/// body dropped before them counts as CANCELLED).
 struct Tracked {
     body: Body,
+    rpc: Option<metrics::Rpc>,
     _call: OpenCall,
     _held: Option<Reservation>,
     /// Hears the status in the trailers.
@@ -270,13 +297,24 @@ impl http_body::Body for Tracked {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, tonic::Status>>> {
         let this = self.get_mut();
-        let frame = std::pin::Pin::new(&mut this.body).poll_frame(cx);
-        if let std::task::Poll::Ready(Some(Ok(frame))) = &frame
-            && let Some(trailers) = frame.trailers_ref()
-        {
-            this.span.answered(trailers);
+        let polled = std::pin::Pin::new(&mut this.body).poll_frame(cx);
+        if let std::task::Poll::Ready(Some(frame)) = &polled {
+            if let Ok(frame) = frame
+                && let Some(trailers) = frame.trailers_ref()
+            {
+                this.span.answered(trailers);
+            }
+            let code = match frame {
+                Ok(frame) => frame.trailers_ref().and_then(grpc_status),
+                Err(status) => Some(status.code()),
+            };
+            if let Some(code) = code
+                && let Some(rpc) = this.rpc.take()
+            {
+                rpc.finish(code);
+            }
         }
-        frame
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
