@@ -21,8 +21,8 @@ use super::activity::OpenCall;
 use super::body::{BodyLimits, ByteBudget, GuardedBody, Pace, Reservation};
 use crate::auth::{Authenticator, Caller};
 use crate::error::Error;
-use crate::telemetry::CallSpan;
 use crate::metrics;
+use crate::telemetry::CallSpan;
 
 /// The largest message of the health and reflection services: their
 /// requests name a service or a symbol.
