@@ -21,7 +21,9 @@
 //!   [`store::names`] (rows and the SQL functions' names into domain values),
 //!   `store::replays` (SUCCEEDED records answered from memory until shortly
 //!   before they expire), [`store::listener`] (the LISTEN connection and the
-//!   database's clock), [`store::migrate`] (applies `sql/` in order) and
+//!   database's clock), [`store::probe`] (whether the connections calls use
+//!   answer: readiness, and replacing one that silently stopped),
+//!   [`store::migrate`] (applies `sql/` in order) and
 //!   [`store::connect_error`] (every failed connection said once: where it
 //!   went, why, what to check; and the database URLs refused up front).
 //! - [`service`]: the gRPC `Coordinator` trait: decode into domain commands,
