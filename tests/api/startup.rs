@@ -136,24 +136,7 @@ struct TestRole(String);
 
 impl Drop for TestRole {
     fn drop(&mut self) {
-        let name = self.0.clone();
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("cleanup runtime");
-            rt.block_on(async move {
-                if let Ok((client, connection)) =
-                    tokio_postgres::connect(&database_url(), tokio_postgres::NoTls).await
-                {
-                    tokio::spawn(connection);
-                    let _ = client
-                        .batch_execute(&format!("DROP ROLE IF EXISTS {name}"))
-                        .await;
-                }
-            });
-        })
-        .join();
+        cleanup(format!("DROP ROLE IF EXISTS {}", self.0));
     }
 }
 

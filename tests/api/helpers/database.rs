@@ -72,27 +72,32 @@ impl TestDatabase {
 
 impl Drop for TestDatabase {
     fn drop(&mut self) {
-        let name = self.name.clone();
-        // Drop runs outside any async context we could borrow, so clean up on
-        // a thread with a runtime of its own.
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("cleanup runtime");
-            rt.block_on(async move {
-                if let Ok((client, connection)) =
-                    tokio_postgres::connect(&database_url(), tokio_postgres::NoTls).await
-                {
-                    tokio::spawn(connection);
-                    let _ = client
-                        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                        .await;
-                }
-            });
-        })
-        .join();
+        cleanup(format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        ));
     }
+}
+
+/// Runs `sql` on the admin database, for cleaning up in `Drop`: Drop runs
+/// outside any async context we could borrow, so on a thread with a runtime
+/// of its own; failures are ignored.
+pub fn cleanup(sql: String) {
+    let _ = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("cleanup runtime");
+        rt.block_on(async move {
+            if let Ok((client, connection)) =
+                tokio_postgres::connect(&database_url(), tokio_postgres::NoTls).await
+            {
+                tokio::spawn(connection);
+                let _ = client.batch_execute(&sql).await;
+            }
+        });
+    })
+    .join();
 }
 
 /// A TCP proxy in front of PostgreSQL that a test can cut and restore, to
