@@ -429,7 +429,11 @@ async function withRetries<R>(
       if (signal?.aborted) throw signal.reason;
       const error = CoordinatorError.from(thrown, rpc);
       if (retry >= maxRetries || !isRetryable(error)) throw error;
-      await sleepFor(backoffDelay(retry, error.retryAfterMs), undefined, signal ? { signal } : {});
+      try {
+        await sleepFor(backoffDelay(retry, error.retryAfterMs), undefined, signal ? { signal } : {});
+      } catch (sleepError) {
+        throw signal?.aborted ? signal.reason : sleepError;
+      }
     }
   }
 }
