@@ -28,7 +28,9 @@ def wait_until(pred: Callable[[], Optional[T]], timeout: float = 10.0, what: str
         time.sleep(0.02)
 
 
-async def async_wait_until(pred: Callable[[], Awaitable[Optional[T]]], timeout: float = 10.0, what: str = "condition") -> T:
+async def async_wait_until(
+    pred: Callable[[], Awaitable[Optional[T]]], timeout: float = 10.0, what: str = "condition"
+) -> T:
     deadline = time.monotonic() + timeout
     while True:
         got = await pred()

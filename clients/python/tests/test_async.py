@@ -158,9 +158,7 @@ async def test_taken_over_holder_is_cancelled_and_its_late_complete_refused(
             raise
         return "A"
 
-    a = asyncio.ensure_future(
-        client.run_once(scope, key, work, lease_ttl=1, heartbeat_interval=1.5)
-    )
+    a = asyncio.ensure_future(client.run_once(scope, key, work, lease_ttl=1, heartbeat_interval=1.5))
     await asyncio.wait_for(started.wait(), 10)
     b = await acquire_until_proceed(stub, scope, key)
     with pytest.raises(LeaseLost) as lost:
@@ -169,7 +167,10 @@ async def test_taken_over_holder_is_cancelled_and_its_late_complete_refused(
     assert holder.get("cancelled") is True
 
     with pytest.raises(grpc.aio.AioRpcError) as late:
-        await stub.Complete(pb.CompleteRequest(scope=scope, key=key, lease_token=holder["token"], success=pb.Success(result=b'"A"')), timeout=5)
+        await stub.Complete(
+            pb.CompleteRequest(scope=scope, key=key, lease_token=holder["token"], success=pb.Success(result=b'"A"')),
+            timeout=5,
+        )
     err = CoordinatorError.from_rpc_error(late.value)
     assert err.code == grpc.StatusCode.ABORTED and err.reason == "LEASE_LOST"
     rec = await client.get(scope, key)
@@ -213,7 +214,11 @@ async def test_lost_reply_is_recovered_by_the_same_request_id(server: Server, sc
     lost = drop.dropped[0]
     assert lost.decision == pb.DECISION_PROCEED
     assert res.lease is not None
-    assert (res.lease.token, res.lease.attempt, res.lease.fencing_token) == (lost.lease.token, 1, lost.lease.fencing_token)
+    assert (res.lease.token, res.lease.attempt, res.lease.fencing_token) == (
+        lost.lease.token,
+        1,
+        lost.lease.fencing_token,
+    )
     assert runs == [1]
     async with AsyncClient.connect(server.addr) as other:
         assert (await other.get(scope, key)).attempt_count == 1
@@ -260,6 +265,7 @@ async def test_decorator_runs_once_and_replays(client: AsyncClient, scope: str) 
 
 async def test_decorator_checks_the_client_kind(client: AsyncClient) -> None:
     with pytest.raises(TypeError):
+
         @idempotent(client, scope="x", key=lambda: "k")
         def plain() -> None: ...
 

@@ -47,7 +47,9 @@ def stub(server: Server) -> Iterator[pb_grpc.CoordinatorStub]:
         yield pb_grpc.CoordinatorStub(ch)
 
 
-def acquire_until_proceed(stub: pb_grpc.CoordinatorStub, scope: str, key: str, timeout: float = 15.0) -> pb.AcquireResponse:
+def acquire_until_proceed(
+    stub: pb_grpc.CoordinatorStub, scope: str, key: str, timeout: float = 15.0
+) -> pb.AcquireResponse:
     """A bare Acquire, repeated until it is granted a lease (with a deadline)."""
 
     def attempt() -> Any:
@@ -104,7 +106,9 @@ def test_twenty_concurrent_calls_run_once(client: Client, scope: str, key: str) 
     assert client.get(scope, key).attempt_count == 1
 
 
-def test_heartbeat_keeps_the_lease_past_its_ttl(client: Client, stub: pb_grpc.CoordinatorStub, scope: str, key: str) -> None:
+def test_heartbeat_keeps_the_lease_past_its_ttl(
+    client: Client, stub: pb_grpc.CoordinatorStub, scope: str, key: str
+) -> None:
     seen: List[datetime.datetime] = []
 
     def work(ctx: LeaseContext) -> str:
@@ -209,7 +213,9 @@ def test_taken_over_holder_is_told_and_its_late_complete_refused(
     def run_a() -> None:
         try:
             holder["result"] = client.run_once(
-                scope, key, work,
+                scope,
+                key,
+                work,
                 lease_ttl=datetime.timedelta(seconds=1),
                 heartbeat_interval=datetime.timedelta(seconds=1.5),
             )
@@ -229,14 +235,25 @@ def test_taken_over_holder_is_told_and_its_late_complete_refused(
 
     # A's late Complete (bare stub) is refused.
     with pytest.raises(grpc.RpcError) as late:
-        stub.Complete(pb.CompleteRequest(scope=scope, key=key, lease_token=holder["token"], success=pb.Success(result=b'"A"')), timeout=5)
+        stub.Complete(
+            pb.CompleteRequest(scope=scope, key=key, lease_token=holder["token"], success=pb.Success(result=b'"A"')),
+            timeout=5,
+        )
     err = CoordinatorError.from_rpc_error(late.value)
     assert err.code == grpc.StatusCode.ABORTED and err.reason == "LEASE_LOST"
 
     # B's lease is intact and A never stored anything.
     rec = client.get(scope, key)
     assert rec.status == pb.STATUS_PROCESSING and rec.fencing_token == b.lease.fencing_token
-    stub.Complete(pb.CompleteRequest(scope=scope, key=key, lease_token=b.lease.token, success=pb.Success(result=b'"B"', content_type="application/json")), timeout=5)
+    stub.Complete(
+        pb.CompleteRequest(
+            scope=scope,
+            key=key,
+            lease_token=b.lease.token,
+            success=pb.Success(result=b'"B"', content_type="application/json"),
+        ),
+        timeout=5,
+    )
     assert client.run_once(scope, key, lambda ctx: "never").value == "B"
 
 
@@ -340,7 +357,9 @@ def test_decorator_runs_once_and_replays(client: Client, scope: str) -> None:
         def __init__(self, id: str, amount: int) -> None:
             self.id, self.amount = id, amount
 
-    @idempotent(client, scope=scope, key=lambda order, **_: order.id, json_payload=lambda order, **_: {"amount": order.amount})
+    @idempotent(
+        client, scope=scope, key=lambda order, **_: order.id, json_payload=lambda order, **_: {"amount": order.amount}
+    )
     def charge(order: Order, *, note: str = "") -> dict[str, Any]:
         lease = current_lease()
         assert lease is not None and lease.attempt == 1

@@ -65,8 +65,23 @@ def _issue(d: Path, name: str, subject: str, ext: str) -> None:
     _openssl("req", "-new", "-key", f"{name}.key", "-subj", subject, "-out", f"{name}.csr", cwd=d)
     (d / f"{name}.ext").write_text(ext)
     _openssl(
-        "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-        "-days", "2", "-sha256", "-extfile", f"{name}.ext", "-out", f"{name}.pem", cwd=d,
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-sha256",
+        "-extfile",
+        f"{name}.ext",
+        "-out",
+        f"{name}.pem",
+        cwd=d,
     )
 
 
@@ -75,25 +90,53 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("pki")
     _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "ca.key", cwd=d)
     _openssl(
-        "req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=test CA", "-days", "2", "-sha256",
-        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-        "-out", "ca.pem", cwd=d,
+        "req",
+        "-x509",
+        "-new",
+        "-key",
+        "ca.key",
+        "-subj",
+        "/CN=test CA",
+        "-days",
+        "2",
+        "-sha256",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+        "-out",
+        "ca.pem",
+        cwd=d,
     )
-    _issue(d, "server", "/CN=localhost",
-           "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
-           "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    _issue(d, "client", "/CN=python client",
-           "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n")
+    _issue(
+        d,
+        "server",
+        "/CN=localhost",
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    _issue(
+        d,
+        "client",
+        "/CN=python client",
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n",
+    )
     return d
 
 
 @pytest.fixture(scope="module")
 def tls_server(database: Database, pki: Path) -> Iterator[Server]:
-    srv = Server(database.url, [
-        "--tls-cert", str(pki / "server.pem"),
-        "--tls-key", str(pki / "server.key"),
-        "--tls-client-ca", str(pki / "ca.pem"),
-    ])
+    srv = Server(
+        database.url,
+        [
+            "--tls-cert",
+            str(pki / "server.pem"),
+            "--tls-key",
+            str(pki / "server.key"),
+            "--tls-client-ca",
+            str(pki / "ca.pem"),
+        ],
+    )
     try:
         yield srv
     finally:

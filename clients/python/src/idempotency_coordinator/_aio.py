@@ -28,7 +28,9 @@ class AsyncLeaseContext:
     lease is lost the work's task is cancelled and ``run_once`` raises
     :class:`LeaseLost`."""
 
-    def __init__(self, client: "AsyncClient", scope: str, key: str, lease: pb.Lease, checkpoint: bytes, opts: c.Options) -> None:
+    def __init__(
+        self, client: "AsyncClient", scope: str, key: str, lease: pb.Lease, checkpoint: bytes, opts: c.Options
+    ) -> None:
         self.scope = scope
         self.key = key
         self.token = lease.token
@@ -89,7 +91,9 @@ class AsyncLeaseContext:
         while True:
             await asyncio.sleep(delay)
             try:
-                resp = await self._client._invoke(self._client.stub.ExtendLease, self._extend_request(), self._opts.timeout)
+                resp = await self._client._invoke(
+                    self._client.stub.ExtendLease, self._extend_request(), self._opts.timeout
+                )
             except CoordinatorError as err:
                 if c.is_lease_error(err):
                     self._mark_lost(c.lease_lost(self.scope, self.key, err))
@@ -136,7 +140,9 @@ class AsyncClient:
         **options: Any,
     ) -> "AsyncClient":
         """As :meth:`Client.connect`, building a ``grpc.aio`` channel."""
-        use_tls = tls if tls is not None else any(x is not None for x in (root_certificates, private_key, certificate_chain))
+        use_tls = (
+            tls if tls is not None else any(x is not None for x in (root_certificates, private_key, certificate_chain))
+        )
         if use_tls:
             creds = grpc.ssl_channel_credentials(
                 root_certificates=root_certificates,
@@ -207,8 +213,13 @@ class AsyncClient:
         is lost the work's task is cancelled and :class:`LeaseLost` raised."""
         opts = self.options.merged(**options)
         req = c.acquire_request(
-            scope, key, opts, c.new_request_id(),
-            fingerprint=fingerprint, payload=payload, json_payload=json_payload,
+            scope,
+            key,
+            opts,
+            c.new_request_id(),
+            fingerprint=fingerprint,
+            payload=payload,
+            json_payload=json_payload,
         )
         resp: pb.AcquireResponse = await self._call(self.stub.Acquire, req, opts, opts.acquire_timeout)
         if resp.decision == pb.DECISION_ALREADY_DONE:
@@ -263,7 +274,9 @@ class AsyncClient:
             if not isinstance(exc, Exception):
                 raise exc
             try:
-                await self._call(self.stub.Complete, c.failure_request(scope, key, ctx.token, exc, opts), opts, opts.timeout)
+                await self._call(
+                    self.stub.Complete, c.failure_request(scope, key, ctx.token, exc, opts), opts, opts.timeout
+                )
             except CoordinatorError as err:
                 if c.is_lease_error(err):
                     raise c.lease_lost(scope, key, err) from exc
@@ -271,7 +284,9 @@ class AsyncClient:
             raise exc
         value = work_task.result()
         try:
-            done = await self._call(self.stub.Complete, c.success_request(scope, key, ctx.token, value, opts), opts, opts.timeout)
+            done = await self._call(
+                self.stub.Complete, c.success_request(scope, key, ctx.token, value, opts), opts, opts.timeout
+            )
         except CoordinatorError as err:
             if c.is_lease_error(err):
                 raise c.lease_lost(scope, key, err) from None

@@ -44,9 +44,7 @@ class JsonCodec:
         return "application/json"
 
     def encode(self, value: Any) -> bytes:
-        return json.dumps(
-            value, default=self._default, separators=(",", ":"), ensure_ascii=False
-        ).encode("utf-8")
+        return json.dumps(value, default=self._default, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
     def decode(self, data: bytes, content_type: str) -> Any:
         if not data:

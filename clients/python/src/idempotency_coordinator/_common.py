@@ -266,9 +266,7 @@ def success_request(scope: str, key: str, token: str, value: Any, opts: Options)
     )
 
 
-def failure_request(
-    scope: str, key: str, token: str, exc: BaseException, opts: Options
-) -> pb.CompleteRequest:
+def failure_request(scope: str, key: str, token: str, exc: BaseException, opts: Options) -> pb.CompleteRequest:
     permanent = isinstance(exc, PermanentError)
     if not permanent and opts.is_permanent is not None:
         permanent = bool(opts.is_permanent(exc))

@@ -72,7 +72,9 @@ def idempotent(
 
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> Any:
-            res = sclient.run_once(scope, key(*args, **kwargs), lambda _ctx: fn(*args, **kwargs), **request(args, kwargs), **options)
+            res = sclient.run_once(
+                scope, key(*args, **kwargs), lambda _ctx: fn(*args, **kwargs), **request(args, kwargs), **options
+            )
             return res.value
 
         return cast(F, run)

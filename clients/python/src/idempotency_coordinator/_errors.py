@@ -55,9 +55,7 @@ class InProgress(OutcomeError):
     """Another caller holds a live lease, still after the wait window. Ask
     again after ``retry_after``."""
 
-    def __init__(
-        self, *, scope: str, key: str, retry_after: datetime.timedelta, record: Optional[pb.Record]
-    ) -> None:
+    def __init__(self, *, scope: str, key: str, retry_after: datetime.timedelta, record: Optional[pb.Record]) -> None:
         super().__init__(
             f"{scope}/{key} is in progress elsewhere; retry after {retry_after.total_seconds():.3f}s",
             scope=scope,
@@ -70,9 +68,7 @@ class InProgress(OutcomeError):
 class RetryLater(OutcomeError):
     """The last attempt failed and its retry is not due yet."""
 
-    def __init__(
-        self, *, scope: str, key: str, retry_after: datetime.timedelta, record: Optional[pb.Record]
-    ) -> None:
+    def __init__(self, *, scope: str, key: str, retry_after: datetime.timedelta, record: Optional[pb.Record]) -> None:
         last = record.last_error if record is not None else ""
         super().__init__(
             f"{scope}/{key} failed before ({last!r}); retry after {retry_after.total_seconds():.3f}s",
@@ -203,9 +199,7 @@ class CoordinatorError(IdempotencyError):
                 if any_.Is(info.DESCRIPTOR) and any_.Unpack(info):
                     reason, domain, meta = info.reason, info.domain, dict(info.metadata)
                 elif any_.Is(bad.DESCRIPTOR) and any_.Unpack(bad):
-                    violations.extend(
-                        FieldViolation(fv.field, fv.description) for fv in bad.field_violations
-                    )
+                    violations.extend(FieldViolation(fv.field, fv.description) for fv in bad.field_violations)
                 elif any_.Is(retry.DESCRIPTOR) and any_.Unpack(retry):
                     retry_after = retry.retry_delay.ToTimedelta()
         return cls(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import datetime
+import heapq
+import itertools
 import logging
 import threading
 import time
-from typing import Any, Callable, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar
 
 import grpc
 
@@ -20,8 +22,6 @@ __all__ = ["Client", "LeaseContext"]
 log = logging.getLogger("idempotency_coordinator")
 
 T = TypeVar("T")
-Req = TypeVar("Req")
-Resp = TypeVar("Resp")
 
 
 class LeaseContext:
@@ -33,7 +33,9 @@ class LeaseContext:
     heartbeat learns the lease was taken over or ran out: poll it, wait on
     it, or call :meth:`raise_if_lost` between steps."""
 
-    def __init__(self, client: "Client", scope: str, key: str, lease: pb.Lease, checkpoint: bytes, opts: c.Options) -> None:
+    def __init__(
+        self, client: "Client", scope: str, key: str, lease: pb.Lease, checkpoint: bytes, opts: c.Options
+    ) -> None:
         self.scope = scope
         self.key = key
         self.token = lease.token
@@ -47,6 +49,7 @@ class LeaseContext:
         self._opts = opts
         self._lock = threading.Lock()
         self._stopped = threading.Event()
+        self._beat_failures = 0
 
     @property
     def is_lost(self) -> bool:
@@ -93,34 +96,99 @@ class LeaseContext:
                 self.lost_reason = reason
         self.lost.set()
 
-    def _heartbeat(self) -> None:
+    def _beat_request(self) -> pb.ExtendLeaseRequest:
+        return pb.ExtendLeaseRequest(
+            scope=self.scope,
+            key=self.key,
+            lease_token=self.token,
+            extend_by=c.to_duration(self._opts.lease_ttl),
+        )
+
+    def _beat_done(self, fut: Any) -> float:
+        """Handle one heartbeat's answer; returns seconds until the next one,
+        or a negative number when the heartbeat is over."""
         interval = self._opts.interval
-        delay = interval
-        failures = 0
-        while not self._stopped.wait(delay):
-            req = pb.ExtendLeaseRequest(
-                scope=self.scope,
-                key=self.key,
-                lease_token=self.token,
-                extend_by=c.to_duration(self._opts.lease_ttl),
+        if self._stopped.is_set():
+            return -1
+        try:
+            resp = fut.result()
+        except grpc.RpcError as rpc_err:
+            err = CoordinatorError.from_rpc_error(rpc_err)
+            if c.is_lease_error(err):
+                self._mark_lost(c.lease_lost(self.scope, self.key, err))
+                return -1
+            # UNAVAILABLE and the like: try again soon, within the interval.
+            delay = min(self._opts.backoff(self._beat_failures, err.retry_after), interval)
+            self._beat_failures += 1
+            log.warning("heartbeat for %s/%s failed, trying again in %.2fs: %s", self.scope, self.key, delay, err)
+            return delay
+        except Exception as exc:  # noqa: BLE001 - a cancelled future, a bug: keep beating
+            log.warning("heartbeat for %s/%s failed: %r", self.scope, self.key, exc)
+            return min(self._opts.backoff(self._beat_failures, None), interval)
+        self._beat_failures = 0
+        with self._lock:
+            self.expires_at = resp.lease.expires_at.ToDatetime(tzinfo=datetime.timezone.utc)
+        return interval
+
+
+class _Heartbeats:
+    """One daemon thread per client that sends every lease's ExtendLease when
+    it comes due, as a non-blocking call (its answer handled on gRPC's
+    thread), so that a slow answer for one lease never delays another and a
+    run_once does not start a thread of its own."""
+
+    def __init__(self, client: "Client") -> None:
+        self._client = client
+        self._cond = threading.Condition()
+        self._heap: List[Tuple[float, int, LeaseContext]] = []
+        self._seq = itertools.count()
+        self._thread: Optional[threading.Thread] = None
+
+    def schedule(self, ctx: LeaseContext, delay: float) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (time.monotonic() + delay, next(self._seq), ctx))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="idempotency-heartbeat", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    # Leases already completed leave the heap at once.
+                    while self._heap and self._heap[0][2]._stopped.is_set():
+                        heapq.heappop(self._heap)
+                    if not self._heap:
+                        # Idle: end the thread after a while; schedule() starts another.
+                        if not self._cond.wait(30) and not self._heap:
+                            self._thread = None
+                            return
+                        continue
+                    due = self._heap[0][0] - time.monotonic()
+                    if due <= 0:
+                        ctx = heapq.heappop(self._heap)[2]
+                        break
+                    self._cond.wait(due)
+            self._send(ctx)
+
+    def _send(self, ctx: LeaseContext) -> None:
+        client = self._client
+        try:
+            fut = client.stub.ExtendLease.future(
+                ctx._beat_request(), timeout=ctx._opts.timeout, metadata=client._metadata
             )
-            try:
-                resp = self._client._invoke(self._client.stub.ExtendLease, req, self._opts.timeout)
-            except CoordinatorError as err:
-                if self._stopped.is_set():
-                    return
-                if c.is_lease_error(err):
-                    self._mark_lost(c.lease_lost(self.scope, self.key, err))
-                    return
-                # UNAVAILABLE and the like: try again soon, within the interval.
-                delay = min(self._opts.backoff(failures, err.retry_after), interval)
-                failures += 1
-                log.warning("heartbeat for %s/%s failed, trying again in %.2fs: %s", self.scope, self.key, delay, err)
-                continue
-            failures = 0
-            delay = interval
-            with self._lock:
-                self.expires_at = resp.lease.expires_at.ToDatetime(tzinfo=datetime.timezone.utc)
+        except Exception as exc:  # noqa: BLE001 - keep the thread alive
+            log.warning("heartbeat for %s/%s could not be sent: %r", ctx.scope, ctx.key, exc)
+            self.schedule(ctx, min(ctx._opts.backoff(ctx._beat_failures, None), ctx._opts.interval))
+            return
+
+        def done(f: Any) -> None:
+            delay = ctx._beat_done(f)
+            if delay >= 0:
+                self.schedule(ctx, delay)
+
+        fut.add_done_callback(done)
 
 
 class Client:
@@ -144,6 +212,7 @@ class Client:
         self.options = c.build_options(**options)
         self._metadata: c.Metadata = c.auth_metadata(bearer_token) + tuple(metadata)
         self._owns_channel = False
+        self._heartbeats = _Heartbeats(self)
 
     @classmethod
     def connect(
@@ -162,7 +231,9 @@ class Client:
         ``root_certificates`` (the CA), ``private_key`` and
         ``certificate_chain`` (a client certificate, for mutual TLS) is given,
         or ``tls=True`` (the system's roots)."""
-        use_tls = tls if tls is not None else any(x is not None for x in (root_certificates, private_key, certificate_chain))
+        use_tls = (
+            tls if tls is not None else any(x is not None for x in (root_certificates, private_key, certificate_chain))
+        )
         if use_tls:
             creds = grpc.ssl_channel_credentials(
                 root_certificates=root_certificates,
@@ -239,8 +310,13 @@ class Client:
         work's own exception when it raised (after recording the failure)."""
         opts = self.options.merged(**options)
         req = c.acquire_request(
-            scope, key, opts, c.new_request_id(),
-            fingerprint=fingerprint, payload=payload, json_payload=json_payload,
+            scope,
+            key,
+            opts,
+            c.new_request_id(),
+            fingerprint=fingerprint,
+            payload=payload,
+            json_payload=json_payload,
         )
         resp: pb.AcquireResponse = self._call(self.stub.Acquire, req, opts, opts.acquire_timeout)
         if resp.decision == pb.DECISION_ALREADY_DONE:
@@ -249,12 +325,12 @@ class Client:
             c.raise_outcome(resp, scope, key)
         return self._run(scope, key, work, resp, opts)
 
-    def _run(self, scope: str, key: str, work: Callable[[LeaseContext], T], resp: pb.AcquireResponse, opts: c.Options) -> "c.RunResult[T]":
+    def _run(
+        self, scope: str, key: str, work: Callable[[LeaseContext], T], resp: pb.AcquireResponse, opts: c.Options
+    ) -> "c.RunResult[T]":
         ctx = LeaseContext(self, scope, key, resp.lease, resp.record.checkpoint, opts)
-        beat: Optional[threading.Thread] = None
         if opts.heartbeat:
-            beat = threading.Thread(target=ctx._heartbeat, name=f"idempotency-heartbeat-{scope}/{key}", daemon=True)
-            beat.start()
+            self._heartbeats.schedule(ctx, opts.interval)
         token = c.set_current(ctx)
         try:
             value = work(ctx)
@@ -275,7 +351,9 @@ class Client:
         if ctx.lost.is_set():
             raise ctx.lost_reason or c.lease_lost(scope, key)
         try:
-            done = self._call(self.stub.Complete, c.success_request(scope, key, ctx.token, value, opts), opts, opts.timeout)
+            done = self._call(
+                self.stub.Complete, c.success_request(scope, key, ctx.token, value, opts), opts, opts.timeout
+            )
         except CoordinatorError as err:
             if c.is_lease_error(err):
                 raise c.lease_lost(scope, key, err) from None
