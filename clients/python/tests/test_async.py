@@ -277,3 +277,26 @@ async def test_conflict(client: AsyncClient, scope: str, key: str) -> None:
     await client.run_once(scope, key, work, fingerprint="v1")
     with pytest.raises(Conflict):
         await client.run_once(scope, key, work, fingerprint="v2")
+
+
+async def test_cancelling_run_once_cancels_the_work(client: AsyncClient, scope: str, key: str) -> None:
+    started = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    async def work(ctx: AsyncLeaseContext) -> str:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "never"
+
+    task = asyncio.ensure_future(client.run_once(scope, key, work))
+    await asyncio.wait_for(started.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.wait_for(cancelled.wait(), 5)
+    # Nothing was Completed: the lease is still held until it runs out.
+    assert (await client.get(scope, key)).status == pb.STATUS_PROCESSING

@@ -373,3 +373,21 @@ def test_decorator_runs_once_and_replays(client: Client, scope: str) -> None:
     assert charge.__name__ == "charge"
     with pytest.raises(Conflict):
         charge(Order(order.id, 43))
+
+
+def test_a_value_the_codec_refuses_is_a_failure(client: Client, scope: str, key: str) -> None:
+    with pytest.raises(TypeError):
+        client.run_once(scope, key, lambda ctx: object())
+    rec = client.get(scope, key)
+    assert rec.status == pb.STATUS_FAILED and "TypeError" in rec.last_error
+
+
+def test_async_work_is_refused_before_acquire(client: Client, scope: str, key: str) -> None:
+    async def work(ctx: Any) -> None: ...
+
+    with pytest.raises(TypeError):
+        client.run_once(scope, key, work)  # type: ignore[arg-type]
+    with pytest.raises(CoordinatorError) as missing:
+        client.get(scope, key)
+    assert missing.value.code == grpc.StatusCode.NOT_FOUND
+    assert missing.value.reason == "RECORD_NOT_FOUND"

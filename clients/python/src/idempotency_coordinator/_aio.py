@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import inspect
 import logging
-from typing import Any, Awaitable, Callable, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Awaitable, Callable, Optional, Sequence, Tuple, TypeVar, cast
 
 import grpc
 import grpc.aio
@@ -240,16 +241,24 @@ class AsyncClient:
 
         async def body() -> T:
             c.set_current(ctx)  # in the task's own copy of the context
-            return await work(ctx)
+            result: Any = work(ctx)
+            if inspect.isawaitable(result):
+                result = await result
+            return cast(T, result)
 
         work_task = asyncio.ensure_future(body())
         beat = asyncio.ensure_future(ctx._heartbeat()) if opts.heartbeat else None
         lost_wait = asyncio.ensure_future(ctx.lost.wait())
         try:
             await asyncio.wait({work_task, lost_wait}, return_when=asyncio.FIRST_COMPLETED)
+            if not work_task.done():
+                # The lease was lost first: tell the work by cancelling its
+                # task, and let it end (whatever it raises then).
+                work_task.cancel()
+                await asyncio.wait({work_task})
         except asyncio.CancelledError:
-            # The caller gave up: stop the work and the heartbeat; the lease
-            # runs out on its own.
+            # The caller gave up: stop the work and the heartbeat; nothing is
+            # Completed, the lease runs out on its own.
             work_task.cancel()
             raise
         finally:
@@ -257,38 +266,36 @@ class AsyncClient:
             lost_wait.cancel()
             if beat is not None:
                 beat.cancel()
-        if not work_task.done():
-            # The lease was lost first: tell the work by cancelling it.
-            work_task.cancel()
-            try:
-                await work_task
-            except BaseException:  # noqa: BLE001 - its end does not matter now
-                pass
-            raise ctx.lost_reason or c.lease_lost(scope, key)
+        if ctx.lost.is_set():
+            cause = None if work_task.cancelled() else work_task.exception()
+            raise (ctx.lost_reason or c.lease_lost(scope, key)) from cause
         if work_task.cancelled():
+            # The work cancelled itself.
             raise asyncio.CancelledError()
         exc = work_task.exception()
-        if ctx.lost.is_set():
-            raise (ctx.lost_reason or c.lease_lost(scope, key)) from exc
-        if exc is not None:
-            if not isinstance(exc, Exception):
-                raise exc
-            try:
-                await self._call(
-                    self.stub.Complete, c.failure_request(scope, key, ctx.token, exc, opts), opts, opts.timeout
-                )
-            except CoordinatorError as err:
-                if c.is_lease_error(err):
-                    raise c.lease_lost(scope, key, err) from exc
-                log.warning("could not record the failure of %s/%s: %s", scope, key, err)
+        if exc is not None and not isinstance(exc, Exception):
             raise exc
-        value = work_task.result()
+        if exc is None:
+            value = work_task.result()
+            try:
+                complete = c.success_request(scope, key, ctx.token, value, opts)
+            except Exception as enc_err:  # a value the codec refuses is a failure
+                exc = enc_err
+        if exc is not None:
+            await self._fail(scope, key, ctx.token, exc, opts)
+            raise exc
         try:
-            done = await self._call(
-                self.stub.Complete, c.success_request(scope, key, ctx.token, value, opts), opts, opts.timeout
-            )
+            done = await self._call(self.stub.Complete, complete, opts, opts.timeout)
         except CoordinatorError as err:
             if c.is_lease_error(err):
                 raise c.lease_lost(scope, key, err) from None
             raise
         return c.RunResult(value=value, replayed=False, record=done.record, lease=c.lease_info(resp.lease))
+
+    async def _fail(self, scope: str, key: str, token: str, exc: Exception, opts: c.Options) -> None:
+        try:
+            await self._call(self.stub.Complete, c.failure_request(scope, key, token, exc, opts), opts, opts.timeout)
+        except CoordinatorError as err:
+            if c.is_lease_error(err):
+                raise c.lease_lost(scope, key, err) from exc
+            log.warning("could not record the failure of %s/%s: %s", scope, key, err)

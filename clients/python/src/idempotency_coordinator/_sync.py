@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import heapq
+import inspect
 import itertools
 import logging
 import threading
@@ -308,6 +309,8 @@ class Client:
         :class:`Conflict`, :class:`Exhausted` or :class:`LeaseLost` for the
         other outcomes, :class:`CoordinatorError` for failed calls, and the
         work's own exception when it raised (after recording the failure)."""
+        if inspect.iscoroutinefunction(work):
+            raise TypeError("run async work with AsyncClient")
         opts = self.options.merged(**options)
         req = c.acquire_request(
             scope,
@@ -334,16 +337,17 @@ class Client:
         token = c.set_current(ctx)
         try:
             value = work(ctx)
+            if inspect.isawaitable(value):
+                if inspect.iscoroutine(value):
+                    value.close()
+                raise TypeError("the work returned an awaitable: run async work with AsyncClient")
+            # Encoding belongs to the work: a value the codec refuses is a failure.
+            complete = c.success_request(scope, key, ctx.token, value, opts)
         except Exception as exc:
             ctx._stopped.set()
             if ctx.lost.is_set():
                 raise (ctx.lost_reason or c.lease_lost(scope, key)) from exc
-            try:
-                self._call(self.stub.Complete, c.failure_request(scope, key, ctx.token, exc, opts), opts, opts.timeout)
-            except CoordinatorError as err:
-                if c.is_lease_error(err):
-                    raise c.lease_lost(scope, key, err) from exc
-                log.warning("could not record the failure of %s/%s: %s", scope, key, err)
+            self._fail(scope, key, ctx.token, exc, opts)
             raise
         finally:
             ctx._stopped.set()
@@ -351,12 +355,19 @@ class Client:
         if ctx.lost.is_set():
             raise ctx.lost_reason or c.lease_lost(scope, key)
         try:
-            done = self._call(
-                self.stub.Complete, c.success_request(scope, key, ctx.token, value, opts), opts, opts.timeout
-            )
+            done = self._call(self.stub.Complete, complete, opts, opts.timeout)
         except CoordinatorError as err:
             if c.is_lease_error(err):
                 raise c.lease_lost(scope, key, err) from None
             raise
-        lease = c.lease_info(resp.lease)
-        return c.RunResult(value=value, replayed=False, record=done.record, lease=lease)
+        return c.RunResult(value=value, replayed=False, record=done.record, lease=c.lease_info(resp.lease))
+
+    def _fail(self, scope: str, key: str, token: str, exc: Exception, opts: c.Options) -> None:
+        """Record the work's failure (its exception is raised again by the
+        caller); a refused Complete means the lease was lost."""
+        try:
+            self._call(self.stub.Complete, c.failure_request(scope, key, token, exc, opts), opts, opts.timeout)
+        except CoordinatorError as err:
+            if c.is_lease_error(err):
+                raise c.lease_lost(scope, key, err) from exc
+            log.warning("could not record the failure of %s/%s: %s", scope, key, err)
