@@ -41,7 +41,7 @@ async def async_wait_until(
         await asyncio.sleep(0.02)
 
 
-class _Unavailable(grpc.RpcError, grpc.Call):  # type: ignore[misc]
+class _Unavailable(grpc.RpcError, grpc.Call):
     """What the caller sees instead of the first Acquire's response."""
 
     def code(self) -> grpc.StatusCode:
@@ -59,8 +59,8 @@ class _Unavailable(grpc.RpcError, grpc.Call):  # type: ignore[misc]
     def is_active(self) -> bool:
         return False
 
-    def time_remaining(self) -> Optional[float]:
-        return None
+    def time_remaining(self) -> float:
+        return 0.0
 
     def cancel(self) -> bool:
         return False
@@ -69,7 +69,7 @@ class _Unavailable(grpc.RpcError, grpc.Call):  # type: ignore[misc]
         return False
 
 
-class DropFirstAcquireReply(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+class DropFirstAcquireReply(grpc.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
     """Lets the first Acquire reach the server (which grants the lease), then
     throws its response away and raises UNAVAILABLE."""
 
@@ -91,7 +91,7 @@ class DropFirstAcquireReply(grpc.UnaryUnaryClientInterceptor):  # type: ignore[m
         raise _Unavailable()
 
 
-class AsyncDropFirstAcquireReply(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+class AsyncDropFirstAcquireReply(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
     """The ``grpc.aio`` form of :class:`DropFirstAcquireReply`."""
 
     def __init__(self) -> None:
@@ -113,4 +113,5 @@ class AsyncDropFirstAcquireReply(grpc.aio.UnaryUnaryClientInterceptor):  # type:
             initial_metadata=grpc.aio.Metadata(),
             trailing_metadata=grpc.aio.Metadata(),
             details="reply lost (test interceptor)",
+            debug_error_string=None,
         )

@@ -191,7 +191,9 @@ def test_permanent_failure_exhausts_the_key(client: Client, scope: str, key: str
 
 def test_is_permanent_classifier(client: Client, scope: str, key: str) -> None:
     with pytest.raises(KeyError):
-        client.run_once(scope, key, lambda ctx: {}["missing"], is_permanent=lambda e: isinstance(e, KeyError))
+        client.run_once(
+            scope, key, lambda ctx: dict[str, int]()["missing"], is_permanent=lambda e: isinstance(e, KeyError)
+        )
     with pytest.raises(Exhausted):
         client.run_once(scope, key, lambda ctx: "never")
 
@@ -386,7 +388,7 @@ def test_async_work_is_refused_before_acquire(client: Client, scope: str, key: s
     async def work(ctx: Any) -> None: ...
 
     with pytest.raises(TypeError):
-        client.run_once(scope, key, work)  # type: ignore[arg-type]
+        client.run_once(scope, key, work)
     with pytest.raises(CoordinatorError) as missing:
         client.get(scope, key)
     assert missing.value.code == grpc.StatusCode.NOT_FOUND

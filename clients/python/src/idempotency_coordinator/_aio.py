@@ -137,7 +137,7 @@ class AsyncClient:
         certificate_chain: Optional[bytes] = None,
         tls: Optional[bool] = None,
         channel_options: Sequence[Tuple[str, Any]] = (),
-        interceptors: Optional[Sequence[grpc.aio.ClientInterceptor]] = None,
+        interceptors: Optional[Sequence[Any]] = None,
         **options: Any,
     ) -> "AsyncClient":
         """As :meth:`Client.connect`, building a ``grpc.aio`` channel."""
