@@ -89,7 +89,7 @@ async def test_heartbeat_keeps_the_lease_past_its_ttl(client: AsyncClient, stub:
 
     async def work(ctx: AsyncLeaseContext) -> str:
         loop = asyncio.get_running_loop()
-        end = loop.time() + 3.5
+        end = loop.time() + 5  # two and a half times the lease's TTL
         while loop.time() < end:
             if not seen or seen[-1] != ctx.expires_at:
                 seen.append(ctx.expires_at)
@@ -98,7 +98,7 @@ async def test_heartbeat_keeps_the_lease_past_its_ttl(client: AsyncClient, stub:
         assert other.decision == pb.DECISION_IN_PROGRESS
         return "done"
 
-    res = await client.run_once(scope, key, work, lease_ttl=1)
+    res = await client.run_once(scope, key, work, lease_ttl=2)
     assert res.value == "done" and res.record.attempt_count == 1
     assert len(seen) >= 4, seen
 
