@@ -210,7 +210,7 @@ pub enum RunOnceError<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tonic_types::{ErrorDetails, StatusExt as _};
+    use tonic_types::ErrorDetails;
 
     #[test]
     fn decodes_reason_field_violations_and_retry_delay() {
