@@ -435,7 +435,9 @@ impl Client {
             Heartbeat::Auto => Some(options.lease_ttl / 3),
             Heartbeat::Every(interval) => Some(interval),
             Heartbeat::Off => None,
-        };
+        }
+        // Never a busy loop, whatever was asked.
+        .map(|interval| interval.max(Duration::from_millis(10)));
         let beating = AbortOnDrop(
             interval.map(|every| tokio::spawn(heartbeat(Arc::clone(&lease.inner), every))),
         );
