@@ -318,3 +318,55 @@ async fn the_same_key_with_another_request_is_a_conflict() {
         "{other:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_reaches_the_next_attempt_and_raw_bytes_are_stored_as_they_are() {
+    let fixture = Fixture::start().await;
+    let client = fixture.client().await;
+    let key = fresh_key();
+    let options = RunOptions::default();
+    let codec = idempotency_client::Raw::<Vec<u8>>::with_content_type("text/plain");
+
+    let failed = client
+        .run_once_with_codec(
+            &codec,
+            "files.upload",
+            &key,
+            Fingerprint::None,
+            &options,
+            |lease| async move {
+                assert!(lease.checkpoint().is_empty());
+                lease
+                    .save_checkpoint(b"part-3".to_vec())
+                    .await
+                    .expect("save a checkpoint");
+                // Due again at once.
+                Err::<Vec<u8>, _>(WorkError::RetryAfter(
+                    "connection reset".to_owned(),
+                    Duration::ZERO,
+                ))
+            },
+        )
+        .await;
+    assert!(matches!(failed, Err(RunOnceError::Work(_))), "{failed:?}");
+
+    let done = client
+        .run_once_with_codec(
+            &codec,
+            "files.upload",
+            &key,
+            Fingerprint::None,
+            &options,
+            |lease| async move {
+                assert_eq!(lease.attempt(), 2);
+                assert_eq!(lease.checkpoint(), b"part-3", "the next attempt resumes");
+                Ok::<_, WorkError<String>>(b"uploaded".to_vec())
+            },
+        )
+        .await
+        .expect("the second attempt");
+    assert_eq!(done.value, b"uploaded");
+    let stored = fixture.record("files.upload", &key).await.result.unwrap();
+    assert_eq!(stored.result, b"uploaded");
+    assert_eq!(stored.content_type, "text/plain");
+}
