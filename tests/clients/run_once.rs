@@ -167,6 +167,47 @@ async fn a_work_longer_than_the_lease_keeps_it_through_heartbeats() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_keep_the_lease_one_ttl_ahead_instead_of_growing_it() {
+    let fixture = Fixture::start().await;
+    let client = fixture.client().await;
+    let key = fresh_key();
+    let ttl = Duration::from_secs(3);
+    let options = RunOptions {
+        lease_ttl: ttl,
+        ..RunOptions::default()
+    };
+    let (fixture_ref, key_ref) = (&fixture, &key);
+    client
+        .run_once(
+            "reports.build",
+            &key,
+            Fingerprint::None,
+            &options,
+            |_lease| async move {
+                // Four heartbeats (every third of the TTL): had each added a
+                // whole TTL, the lease would now run ~12 s past its last
+                // change.
+                tokio::time::sleep(Duration::from_millis(4_300)).await;
+                let record = fixture_ref.record("reports.build", key_ref).await;
+                let ahead = timestamp_secs(record.lease_expires_at.as_ref())
+                    - timestamp_secs(record.updated_at.as_ref());
+                assert!(
+                    ahead <= ttl.as_secs_f64() + 1.0,
+                    "the lease runs {ahead:.2} s past its last extension (TTL {ttl:?})"
+                );
+                Ok::<_, WorkError<String>>(())
+            },
+        )
+        .await
+        .expect("the work completes under its lease");
+}
+
+fn timestamp_secs(at: Option<&prost_types::Timestamp>) -> f64 {
+    let at = at.expect("a timestamp");
+    at.seconds as f64 + f64::from(at.nanos) / 1e9
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_work_leaves_the_key_retryable_and_a_later_call_runs_it_again() {
     let fixture = Fixture::start_with(&["--backoff-base", "1s"]).await;
     let client = fixture.client().await;

@@ -205,6 +205,9 @@ export async function runOnce<T>(
   }
 }
 
+/** The shortest ExtendLease the server accepts. */
+const MIN_EXTENSION_MS = 1000;
+
 async function holdLease<T>(
   client: CoordinatorClient,
   options: RunOnceOptions<T>,
@@ -230,18 +233,25 @@ async function holdLease<T>(
 
   let checkpoint = record.checkpoint;
   let expiresAt = date(lease.expiresAt);
+  // When the expiry last granted was asked for (monotonic clock). Each
+  // extension adds the time since then (at least the server's minimum of one
+  // second), so the lease stays about one TTL ahead of now instead of growing
+  // by a TTL at every heartbeat.
+  let grantedAt = performance.now();
   const extend = async (newCheckpoint?: Uint8Array): Promise<void> => {
+    const sent = performance.now();
     const response = await client.stub.extendLease(
       {
         scope,
         key,
         leaseToken: token,
-        extendBy: duration(settings.leaseTtlMs),
+        extendBy: duration(Math.max(sent - grantedAt, MIN_EXTENSION_MS)),
         ...(newCheckpoint === undefined ? {} : { checkpoint: newCheckpoint }),
       },
       { timeoutMs: client.callTimeoutMs },
     );
     expiresAt = date(response.lease?.expiresAt) ?? expiresAt;
+    grantedAt = Math.max(grantedAt, sent);
   };
 
   const heartbeat =

@@ -5,7 +5,7 @@
 use std::fmt::Display;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -137,7 +137,11 @@ struct LeaseInner {
     attempt: u32,
     fencing_token: u64,
     checkpoint: Vec<u8>,
-    ttl: Duration,
+    /// When the expiry the server last granted was asked for (by this
+    /// process's monotonic clock): each extension adds the time since then,
+    /// so the lease stays about one TTL ahead of now instead of growing by a
+    /// TTL at every heartbeat.
+    extended_at: Mutex<Instant>,
     expires_at: Mutex<Option<SystemTime>>,
     lost: CancellationToken,
     max_retries: u32,
@@ -230,18 +234,23 @@ impl Lease {
 }
 
 impl LeaseInner {
-    /// One ExtendLease by the TTL.
+    /// One ExtendLease by the time since the last granted expiry was asked
+    /// for (at least the server's minimum of one second): the new expiry is
+    /// the old one plus that, about one TTL from now.
     async fn extend(&self, checkpoint: Option<Vec<u8>>) -> Result<(), CallError> {
+        let asked = Instant::now();
+        let since = asked.duration_since(*self.extended_at.lock().unwrap());
         let response = self
             .client
             .extend_lease(ExtendLeaseRequest {
                 scope: self.scope.clone(),
                 key: self.key.clone(),
                 lease_token: self.token.clone(),
-                extend_by: Some(duration_to_proto(self.ttl)),
+                extend_by: Some(duration_to_proto(since.max(MIN_EXTENSION))),
                 checkpoint,
             })
             .await?;
+        *self.extended_at.lock().unwrap() = asked;
         if let Some(expires) = response
             .lease
             .and_then(|lease| lease.expires_at)
@@ -252,6 +261,9 @@ impl LeaseInner {
         Ok(())
     }
 }
+
+/// The shortest extension the server accepts.
+const MIN_EXTENSION: Duration = Duration::from_secs(1);
 
 /// Extends the lease every `interval` until aborted; an ABORTED answer
 /// marks the lease lost and ends it; other failures are tried again soon.
@@ -360,10 +372,15 @@ impl Client {
                 .clone()
                 .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
         };
+        // When the Acquire that was answered was sent: the lease's expiry
+        // counts from about then.
+        let sent = Mutex::new(Instant::now());
         let response = with_retries(options.backoff, options.max_retries, || {
+            *sent.lock().unwrap() = Instant::now();
             self.acquire(request.clone())
         })
         .await?;
+        let asked = *sent.lock().unwrap();
         let decision = response.decision();
         let record = response.record.unwrap_or_default();
         let retry_after = duration_from_proto(response.retry_after);
@@ -420,7 +437,7 @@ impl Client {
                 attempt: granted.attempt,
                 fencing_token: granted.fencing_token,
                 checkpoint: record.checkpoint,
-                ttl: options.lease_ttl,
+                extended_at: Mutex::new(asked),
                 expires_at: Mutex::new(
                     granted
                         .expires_at

@@ -6,6 +6,7 @@ import asyncio
 import datetime
 import inspect
 import logging
+import time
 from typing import Any, Awaitable, Callable, Optional, Sequence, Tuple, TypeVar, cast
 
 import grpc
@@ -44,6 +45,8 @@ class AsyncLeaseContext:
         self._client = client
         self._opts = opts
         self._stopped = False
+        # When the expiry last granted was asked for (monotonic clock).
+        self._granted_at = time.monotonic()
 
     @property
     def is_lost(self) -> bool:
@@ -58,7 +61,8 @@ class AsyncLeaseContext:
         """Save progress on the record (and extend the lease); raises
         :class:`LeaseLost` if the lease is gone."""
         self.raise_if_lost()
-        req = self._extend_request()
+        sent = time.monotonic()
+        req = self._extend_request(sent)
         req.checkpoint = bytes(checkpoint)
         try:
             resp = await self._client._call(self._client.stub.ExtendLease, req, self._opts, self._opts.timeout)
@@ -68,14 +72,15 @@ class AsyncLeaseContext:
                 raise self.lost_reason or c.lease_lost(self.scope, self.key, err) from err
             raise
         self.expires_at = resp.lease.expires_at.ToDatetime(tzinfo=datetime.timezone.utc)
+        self._granted_at = max(self._granted_at, sent)
         self.checkpoint = bytes(checkpoint)
 
-    def _extend_request(self) -> pb.ExtendLeaseRequest:
+    def _extend_request(self, sent: float) -> pb.ExtendLeaseRequest:
         return pb.ExtendLeaseRequest(
             scope=self.scope,
             key=self.key,
             lease_token=self.token,
-            extend_by=c.to_duration(self._opts.lease_ttl),
+            extend_by=c.extension(sent - self._granted_at),
         )
 
     def _mark_lost(self, reason: LeaseLost) -> None:
@@ -91,9 +96,10 @@ class AsyncLeaseContext:
         failures = 0
         while True:
             await asyncio.sleep(delay)
+            sent = time.monotonic()
             try:
                 resp = await self._client._invoke(
-                    self._client.stub.ExtendLease, self._extend_request(), self._opts.timeout
+                    self._client.stub.ExtendLease, self._extend_request(sent), self._opts.timeout
                 )
             except CoordinatorError as err:
                 if c.is_lease_error(err):
@@ -106,6 +112,7 @@ class AsyncLeaseContext:
             failures = 0
             delay = interval
             self.expires_at = resp.lease.expires_at.ToDatetime(tzinfo=datetime.timezone.utc)
+            self._granted_at = max(self._granted_at, sent)
 
 
 class AsyncClient:

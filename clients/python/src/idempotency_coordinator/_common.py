@@ -51,6 +51,18 @@ def to_duration(value: datetime.timedelta) -> Duration:
     return d
 
 
+MIN_EXTENSION = datetime.timedelta(seconds=1)
+"""The shortest ExtendLease the server accepts."""
+
+
+def extension(since_granted: float) -> Duration:
+    """ExtendLease's ``extend_by``: the seconds since the expiry the server
+    last granted was asked for (at least the server's minimum). The new
+    expiry is the old one plus that, so the lease stays about one TTL ahead
+    of now instead of growing by a TTL at every heartbeat."""
+    return to_duration(max(datetime.timedelta(seconds=since_granted), MIN_EXTENSION))
+
+
 @dataclass(frozen=True)
 class Options:
     """How ``run_once`` behaves. Every field can be given to the client (its

@@ -51,6 +51,10 @@ class LeaseContext:
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._beat_failures = 0
+        # When the expiry last granted was asked for (monotonic clock), and
+        # when the heartbeat in flight was sent.
+        self._granted_at = time.monotonic()
+        self._beat_sent = self._granted_at
 
     @property
     def is_lost(self) -> bool:
@@ -71,11 +75,12 @@ class LeaseContext:
         self.checkpoint = bytes(checkpoint)
 
     def _extend(self, checkpoint: Optional[bytes]) -> None:
+        sent = time.monotonic()
         req = pb.ExtendLeaseRequest(
             scope=self.scope,
             key=self.key,
             lease_token=self.token,
-            extend_by=c.to_duration(self._opts.lease_ttl),
+            extend_by=c.extension(sent - self._granted_at),
         )
         if checkpoint is not None:
             req.checkpoint = checkpoint
@@ -88,6 +93,7 @@ class LeaseContext:
             raise
         with self._lock:
             self.expires_at = resp.lease.expires_at.ToDatetime(tzinfo=datetime.timezone.utc)
+            self._granted_at = max(self._granted_at, sent)
 
     def _mark_lost(self, reason: LeaseLost) -> None:
         if self._stopped.is_set():
@@ -98,11 +104,12 @@ class LeaseContext:
         self.lost.set()
 
     def _beat_request(self) -> pb.ExtendLeaseRequest:
+        self._beat_sent = time.monotonic()
         return pb.ExtendLeaseRequest(
             scope=self.scope,
             key=self.key,
             lease_token=self.token,
-            extend_by=c.to_duration(self._opts.lease_ttl),
+            extend_by=c.extension(self._beat_sent - self._granted_at),
         )
 
     def _beat_done(self, fut: Any) -> float:
@@ -129,6 +136,7 @@ class LeaseContext:
         self._beat_failures = 0
         with self._lock:
             self.expires_at = resp.lease.expires_at.ToDatetime(tzinfo=datetime.timezone.utc)
+            self._granted_at = max(self._granted_at, self._beat_sent)
         return interval
 
 
