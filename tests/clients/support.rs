@@ -2,7 +2,7 @@
 //! generated stub, and waiting on a condition with a deadline.
 
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use idempotency_client::proto::coordinator_client::CoordinatorClient;
 use idempotency_client::proto::{AcquireRequest, AcquireResponse, GetRequest, Record};
@@ -10,6 +10,7 @@ use idempotency_client::{Client, ClientOptions};
 use tonic::transport::Channel;
 
 use crate::database::TestDatabase;
+pub use crate::polling::eventually;
 use crate::process::ServerProcess;
 
 /// The server binary serving a fresh database, until dropped (the server
@@ -89,25 +90,6 @@ impl Fixture {
             .await
             .expect("acquire")
             .into_inner()
-    }
-}
-
-/// Polls `check` until it returns `Some`, failing the test at `deadline`.
-pub async fn eventually<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            start.elapsed() < deadline,
-            "timed out after {deadline:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

@@ -1,30 +1,10 @@
-//! Waiting on a condition with a deadline, not a sleep: polled checks and waiter counts.
+//! Waiting with a deadline, not a sleep, for the in-process server's waiter counts.
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use idempotency_coordinator::notify::Hub;
 
 use super::server::TestServer;
-
-/// Polls `check` until it returns `Some`, failing the test at `deadline`.
-pub async fn eventually<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            start.elapsed() < deadline,
-            "timed out after {deadline:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 /// Waits until `count(hub)` reaches `n`, saying where it stood on failure.
 async fn until_count(server: &TestServer, n: usize, what: &str, count: fn(&Hub) -> usize) {

@@ -5,7 +5,7 @@ use std::time::Duration;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
-use super::conditions::eventually;
+use super::polling::eventually;
 use super::server::TestServer;
 
 /// The readiness service name Kubernetes probes ask about.
