@@ -350,10 +350,21 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEMPOTENCY_DUE_POLL_INTERVAL", default_value_t = hd(DEFAULT_DUE_POLL))]
     pub due_poll_interval: humantime::Duration,
 
-    /// POST each due record (every tenant) as JSON to this http:// URL after
-    /// each sweep, for callers that cannot hold a WatchDue stream.
+    /// POST each due record (every tenant) as JSON to this http:// or
+    /// https:// URL after each sweep, for callers that cannot hold a
+    /// WatchDue stream. https:// trusts the system's root certificates
+    /// (SSL_CERT_FILE, SSL_CERT_DIR) unless --recovery-webhook-ca is given.
     #[arg(long, env = "IDEMPOTENCY_RECOVERY_WEBHOOK")]
     pub recovery_webhook: Option<reqwest::Url>,
+
+    /// PEM CA certificates that an https:// webhook's certificate must
+    /// chain to, in place of the system's roots (a private CA).
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_RECOVERY_WEBHOOK_CA",
+        requires = "recovery_webhook"
+    )]
+    pub recovery_webhook_ca: Option<PathBuf>,
 
     /// Time limit of one webhook POST.
     #[arg(
@@ -562,6 +573,7 @@ impl From<ServeArgs> for ServeConfig {
             },
             webhook: a.recovery_webhook.map(|url| WebhookConfig {
                 url,
+                ca: a.recovery_webhook_ca,
                 timeout: a.recovery_webhook_timeout.into(),
                 attempts: a.recovery_webhook_attempts,
                 offer: a.due_offer_interval.into(),

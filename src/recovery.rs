@@ -5,7 +5,14 @@
 //! timeouts; the sweeper only hands it as many records as its queue has room
 //! for, so a failing or hanging webhook never stalls sweeping. A record whose
 //! delivery failed is offered again when its offer runs out.
+//!
+//! An `https://` webhook is verified against the system's root certificates
+//! (the platform verifier reads the usual bundle, or `SSL_CERT_FILE` and
+//! `SSL_CERT_DIR` when set), or against a private CA given instead. The URL
+//! and the CA are checked when the server starts, so a webhook that cannot
+//! work stops it there.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -23,13 +30,81 @@ const QUEUE: usize = 256;
 /// How the webhook is reached.
 #[derive(Debug, Clone)]
 pub struct WebhookConfig {
+    /// Where due records are POSTed: an `http://` or `https://` URL.
     pub url: reqwest::Url,
+    /// PEM CA certificates an `https://` webhook's certificate must chain
+    /// to, in place of the system's roots; `None`: the system's roots.
+    pub ca: Option<PathBuf>,
     /// Limit for one POST, connection included.
     pub timeout: Duration,
     /// POSTs per record before giving up until its next offer.
     pub attempts: u32,
     /// How long a record offered to the webhook is not offered again.
     pub offer: Duration,
+}
+
+/// Why the webhook cannot work as configured.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    #[error("the recovery webhook must be an http:// or https:// URL, got {0}://")]
+    Scheme(String),
+    #[error("a CA for the recovery webhook is only used with an https:// URL")]
+    CaWithoutTls,
+    #[error("cannot read the recovery webhook's CA {path}")]
+    ReadCa {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the recovery webhook's CA {0} holds no PEM certificate")]
+    NoCertificate(PathBuf),
+    #[error("the recovery webhook's CA {path} is not usable")]
+    BadCa {
+        path: PathBuf,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error(
+        "cannot set up the recovery webhook's HTTP client (an https:// URL needs root \
+         certificates: the system's, SSL_CERT_FILE's or --recovery-webhook-ca's)"
+    )]
+    Client(#[source] reqwest::Error),
+}
+
+impl WebhookConfig {
+    /// The client the webhook POSTs with. Startup builds one to check the
+    /// configuration, the delivery task the one it uses.
+    pub fn client(&self) -> Result<reqwest::Client, WebhookError> {
+        crate::tls::install_crypto_provider();
+        let builder = reqwest::Client::builder().timeout(self.timeout);
+        let builder = match (self.url.scheme(), &self.ca) {
+            // Plain HTTP needs no roots: loading none means a machine
+            // without a CA bundle can still use an http:// webhook.
+            ("http", None) => builder.tls_certs_only([]),
+            ("http", Some(_)) => return Err(WebhookError::CaWithoutTls),
+            ("https", None) => builder,
+            ("https", Some(path)) => builder.tls_certs_only(ca_certificates(path)?),
+            (other, _) => return Err(WebhookError::Scheme(other.to_owned())),
+        };
+        builder.build().map_err(WebhookError::Client)
+    }
+}
+
+/// The certificates of a PEM file.
+fn ca_certificates(path: &Path) -> Result<Vec<reqwest::Certificate>, WebhookError> {
+    let pem = std::fs::read(path).map_err(|source| WebhookError::ReadCa {
+        path: path.to_owned(),
+        source,
+    })?;
+    let certs =
+        reqwest::Certificate::from_pem_bundle(&pem).map_err(|source| WebhookError::BadCa {
+            path: path.to_owned(),
+            source,
+        })?;
+    if certs.is_empty() {
+        return Err(WebhookError::NoCertificate(path.to_owned()));
+    }
+    Ok(certs)
 }
 
 /// The sweeper's handle on the delivery task.
@@ -110,8 +185,7 @@ impl Webhook {
 }
 
 async fn deliver(config: WebhookConfig, mut records: mpsc::Receiver<DueRecord>) {
-    crate::tls::install_crypto_provider();
-    let client = match reqwest::Client::builder().timeout(config.timeout).build() {
+    let client = match config.client() {
         Ok(client) => client,
         Err(e) => {
             tracing::error!(error = %cause_chain(&e), "cannot build the webhook client; webhook off");

@@ -277,13 +277,10 @@ impl Application {
                 "--max-request-bytes must be at least the result limit plus {REQUEST_OVERHEAD_BYTES} bytes"
             )));
         }
-        if let Some(webhook) = &config.webhook
-            && webhook.url.scheme() != "http"
-        {
-            return Err(StartupError::Config(format!(
-                "the recovery webhook must be an http:// URL (this build has no TLS client), got {}://",
-                webhook.url.scheme()
-            )));
+        if let Some(webhook) = &config.webhook {
+            webhook
+                .client()
+                .map_err(|e| StartupError::Config(cause_chain(&e)))?;
         }
         let auth = Arc::new(Authenticator::new(
             config.auth_tokens.clone(),

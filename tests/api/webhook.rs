@@ -16,6 +16,7 @@ fn config(db: &TestDatabase, url: &str) -> ServeConfig {
     config.sweep_interval = Duration::from_millis(100);
     config.webhook = Some(WebhookConfig {
         url: url.parse().unwrap(),
+        ca: None,
         timeout: Duration::from_millis(300),
         attempts: 2,
         offer: Duration::from_secs(30),

@@ -26,7 +26,18 @@
 //!   (`--database-url`), then runs `cycle` while one Sweep call deletes them;
 //!   reports the sweep's duration and the slowest client call meanwhile;
 //! - `idle-connections`: opens `--waiters` HTTP/2 connections that make no
-//!   call; with `--server-pid`, reports what each costs the server.
+//!   call; with `--server-pid`, reports what each costs the server;
+//! - `http-cycle`: the cycle an n8n workflow makes, over the HTTP door
+//!   (`--http-target`) rather than gRPC: `POST /acquire`, then
+//!   `POST /complete` with `final_status: DONE`, on fresh keys, one cycle at
+//!   a time on each of `--connections` HTTP/1.1 keep-alive connections.
+//!   Any cycle whose answers are not 200/PROCEED and 200/ok is counted as
+//!   failed and the run exits 1.
+//!
+//! ```text
+//! cargo run --release --bin idempotency-bench -- --scenario http-cycle \
+//!     --http-target http://127.0.0.1:8080 --connections 32 --seconds 10
+//! ```
 //!
 //! `--record-history FILE` writes every call of `cycle` and `contend` (each
 //! Acquire with a request_id) to FILE as JSON lines;
@@ -39,6 +50,7 @@
 mod baseline;
 mod client;
 mod history;
+mod http_cycle;
 mod idle;
 mod load;
 mod recorder;
@@ -58,6 +70,9 @@ struct Args {
     /// The coordinator's address.
     #[arg(long, default_value = "127.0.0.1:50051")]
     target: String,
+    /// The coordinator's HTTP door (`--http-listen`), for `http-cycle`.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    http_target: String,
     /// Scenarios to run, in order (comma-separated).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "cycle")]
     scenario: Vec<Scenario>,
@@ -67,7 +82,8 @@ struct Args {
     /// How long each timed scenario runs.
     #[arg(long, default_value_t = 10)]
     seconds: u64,
-    /// HTTP/2 connections the clients share.
+    /// HTTP/2 connections the gRPC clients share; in `http-cycle`, the
+    /// HTTP/1.1 connections, each running one cycle at a time.
     #[arg(long, default_value_t = 8)]
     connections: usize,
     /// Waiting calls in `cycle-beside-waiters` and `wait`.
@@ -148,6 +164,7 @@ enum Scenario {
     Wait,
     Sweep,
     IdleConnections,
+    HttpCycle,
 }
 
 /// A distinct prefix per run, so runs against one database never collide.
@@ -166,16 +183,37 @@ async fn main() {
         let clean = history::check_history(file, &args.database()).await;
         std::process::exit(if clean { 0 } else { 1 });
     }
-    let clients = connect(&args.target, args.connections).await;
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    // gRPC connections only when a scenario speaks gRPC, so that
+    // `http-cycle` alone needs nothing but the HTTP door.
+    let speaks_grpc = args.scenario.iter().any(|s| *s != Scenario::HttpCycle);
+    let clients = if speaks_grpc {
+        connect(&args.target, args.connections).await
+    } else {
+        Vec::new()
+    };
+    let http = args.scenario.contains(&Scenario::HttpCycle).then(|| {
+        http_cycle::Target::parse(&args.http_target).unwrap_or_else(|e| {
+            eprintln!("{e}");
+            std::process::exit(2);
+        })
+    });
     let run = run_id();
-    println!(
-        "target {} · {} clients over {} connections · {} s per timed scenario · {} cores here",
-        args.target,
-        args.clients,
-        args.connections,
-        args.seconds,
-        std::thread::available_parallelism().map_or(0, |n| n.get())
-    );
+    if speaks_grpc {
+        println!(
+            "target {} · {} clients over {} connections · {} s per timed scenario · {cores} cores here",
+            args.target, args.clients, args.connections, args.seconds,
+        );
+    }
+    if http.is_some() {
+        println!(
+            "http target {} · {} HTTP/1.1 connections · {} s per timed scenario · {cores} cores here",
+            args.http_target,
+            args.connections.max(1),
+            args.seconds,
+        );
+    }
+    let mut all_cycles_succeeded = true;
     let grpc: Vec<Driver> = clients.iter().cloned().map(Driver::Grpc).collect();
     let history = args
         .record_history
@@ -221,6 +259,10 @@ async fn main() {
             Scenario::Wait => waiters::wait_release(&args, &clients, &run).await,
             Scenario::Sweep => sweep::sweep_under_load(&args, &clients, &run).await,
             Scenario::IdleConnections => idle::idle_connections(&args).await,
+            Scenario::HttpCycle => {
+                let target = http.as_ref().expect("parsed above");
+                all_cycles_succeeded &= http_cycle::http_cycle(&args, target, &run).await;
+            }
         }
     }
     if let Some(history) = history {
@@ -228,5 +270,8 @@ async fn main() {
         if let Some(path) = &args.record_history {
             println!("history written to {}", path.display());
         }
+    }
+    if !all_cycles_succeeded {
+        std::process::exit(1);
     }
 }

@@ -54,13 +54,24 @@ impl CallStats {
 
 /// Prints a timed scenario's human line and its `RESULT` line.
 pub(crate) fn report(name: &str, args: &Args, per_s: f64, latency: &Histogram<u64>, extra: &str) {
+    report_line(name, args.clients, args.seconds, per_s, latency, extra);
+}
+
+/// Like [`report`], for a scenario whose concurrency is not `--clients`.
+pub(crate) fn report_line(
+    name: &str,
+    clients: usize,
+    seconds: u64,
+    per_s: f64,
+    latency: &Histogram<u64>,
+    extra: &str,
+) {
     let [p50, p90, p99, p999] = [0.5, 0.9, 0.99, 0.999].map(|q| ms(latency, q));
     println!(
         "{name}: {per_s:.0}/s; p50 {p50:.2} ms p90 {p90:.2} ms p99 {p99:.2} ms p99.9 {p999:.2} ms"
     );
     println!(
-        "RESULT scenario={name} clients={} seconds={} ops_per_s={per_s:.0} p50_ms={p50:.2} p90_ms={p90:.2} p99_ms={p99:.2} p999_ms={p999:.2}{extra}",
-        args.clients, args.seconds,
+        "RESULT scenario={name} clients={clients} seconds={seconds} ops_per_s={per_s:.0} p50_ms={p50:.2} p90_ms={p90:.2} p99_ms={p99:.2} p999_ms={p999:.2}{extra}",
     );
 }
 
