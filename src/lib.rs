@@ -86,6 +86,7 @@ pub mod domain;
 pub mod embedded;
 pub mod error;
 pub mod history;
+pub mod http;
 pub mod metrics;
 pub mod notify;
 pub mod recovery;
