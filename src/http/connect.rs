@@ -236,6 +236,7 @@ fn connect_code(code: tonic::Code) -> &'static str {
 /// in `debug` only (no bytes to decode), so that the reason is always at
 /// `details[].debug.reason`.
 fn refuse(door: &Door, error: &DoorError) -> Response<Full<Bytes>> {
+    super::log_refusal(error);
     let (code, status) = error.code_and_status();
     let details: Vec<Value> = match error {
         DoorError::Coordinator(status) => {

@@ -296,6 +296,16 @@ impl DoorError {
     }
 }
 
+/// Says why a request was refused, in the log (debug: callers' mistakes
+/// are theirs; the Coordinator logged its own failures with their causes).
+fn log_refusal(error: &DoorError) {
+    tracing::debug!(
+        error = %cause_chain(error),
+        reason = %error.reason(),
+        "HTTP request refused"
+    );
+}
+
 /// The Connect protocol's HTTP status for each code.
 pub fn http_status(code: Code) -> StatusCode {
     match code {

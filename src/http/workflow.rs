@@ -151,6 +151,7 @@ fn our_name(proto_field: &str) -> &str {
 
 /// This API's error body; `status` is the record's status where known.
 fn refusal(error: &DoorError, status: Option<&str>) -> Response<Full<Bytes>> {
+    super::log_refusal(error);
     let (code, mut http) = error.code_and_status();
     // A Complete of another kind than the holder's first: the record is in
     // a state that conflicts with the request.

@@ -196,12 +196,44 @@ pub(super) async fn read_preface<IO: AsyncRead + Unpin>(mut io: IO) -> io::Resul
             "not an HTTP/2 connection preface",
         ));
     }
-    Ok(Prefaced { io, replayed: 0 })
+    Ok(Prefaced {
+        io,
+        head: preface,
+        len: PREFACE.len(),
+        replayed: 0,
+    })
 }
 
-/// A connection whose preface has been read, and is read again.
+/// Reads the start of an HTTP/1.1 or HTTP/2 connection: the whole HTTP/2
+/// preface, or bytes up to the first that departs from it (an HTTP/1.1
+/// request line), so that a client that connects and sends nothing, or a
+/// part of the preface, is closed at the handshake time limit (HTTP/1.1's
+/// header read timeout then bounds the rest of the request head). What was
+/// read is replayed to the server.
+pub(super) async fn read_start<IO: AsyncRead + Unpin>(mut io: IO) -> io::Result<Prefaced<IO>> {
+    let mut head = [0u8; PREFACE.len()];
+    let mut len = 0;
+    while len < PREFACE.len() && head[..len] == PREFACE[..len] {
+        let n = io.read(&mut head[len..]).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        len += n;
+    }
+    Ok(Prefaced {
+        io,
+        head,
+        len,
+        replayed: 0,
+    })
+}
+
+/// A connection whose first bytes have been read, and are read again.
 pub struct Prefaced<IO> {
     io: IO,
+    head: [u8; PREFACE.len()],
+    /// Bytes of `head` read.
+    len: usize,
     replayed: usize,
 }
 
@@ -212,8 +244,8 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Prefaced<IO> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if this.replayed < PREFACE.len() {
-            let rest = &PREFACE[this.replayed..];
+        if this.replayed < this.len {
+            let rest = &this.head[this.replayed..this.len];
             let n = rest.len().min(buf.remaining());
             buf.put_slice(&rest[..n]);
             this.replayed += n;
@@ -269,6 +301,37 @@ mod tests {
         io.read_to_end(&mut all).await.unwrap();
         assert_eq!(&all[..24], PREFACE);
         assert_eq!(&all[24..], b"rest");
+    }
+
+    #[tokio::test]
+    async fn the_start_of_either_http_version_is_read_then_replayed() {
+        for sent in [
+            &PREFACE[..],
+            b"GET /health HTTP/1.1\r\n\r\n",
+            b"PRI * HTTP/1.1\r\n",
+        ] {
+            let (mut client, server) = tokio::io::duplex(64);
+            client.write_all(sent).await.unwrap();
+            client.write_all(b"rest").await.unwrap();
+            drop(client);
+            let mut io = read_start(server).await.unwrap();
+            let mut all = Vec::new();
+            io.read_to_end(&mut all).await.unwrap();
+            assert_eq!(&all[..sent.len()], sent);
+            assert_eq!(&all[sent.len()..], b"rest");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_part_of_the_preface_is_not_a_start() {
+        let (mut client, server) = tokio::io::duplex(64);
+        client.write_all(&PREFACE[..10]).await.unwrap();
+        let started = tokio::time::timeout(Duration::from_millis(50), read_start(server)).await;
+        assert!(
+            started.is_err(),
+            "still waiting for the rest of the preface"
+        );
+        drop(client);
     }
 
     #[tokio::test]

@@ -25,7 +25,7 @@ use tokio_rustls::TlsAcceptor;
 use tracing::Instrument as _;
 
 use super::ConnectionLimits;
-use super::accept::{Protocol, read_preface, within};
+use super::accept::{Protocol, read_preface, read_start, within};
 use super::activity::{Activity, OpenCall};
 use super::admission::Admission;
 use crate::error::cause_chain;
@@ -158,14 +158,17 @@ impl Protocol for Http {
         self,
         io: IO,
         peer: SocketAddr,
-        _handshake_left: Duration,
+        handshake_left: Duration,
         draining: watch::Receiver<bool>,
     ) where
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        // The first request's head is held to the handshake limit by
-        // HTTP/1.1's header read timeout; an HTTP/2 client that sends
-        // nothing is closed by the idle timeout and keepalive.
+        // The start (HTTP/2's whole preface, or HTTP/1.1's first bytes)
+        // within the handshake limit; HTTP/1.1's header read timeout bounds
+        // the rest of each request head.
+        let Some(io) = within(handshake_left, peer, read_start(io)).await else {
+            return;
+        };
         let activity = Activity::new();
         let handler = self.handler;
         let service = {

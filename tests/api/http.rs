@@ -683,3 +683,26 @@ async fn a_slow_body_is_refused_with_408() {
     assert_eq!(answer["reason"], "REQUEST_TOO_SLOW");
     assert_eq!(app.db.count_records().await, 0);
 }
+
+#[tokio::test]
+async fn a_connection_that_sends_nothing_or_half_a_preface_is_closed_at_the_handshake_limit() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let app = spawn_app_with(|c| {
+        c.http_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.connections.handshake_timeout = Duration::from_millis(300);
+    })
+    .await;
+    for sent in [
+        &b""[..],
+        b"PRI * HTTP/2.0\r\n",
+        b"POST /acquire HTTP/1.1\r\nHost: x\r\n",
+    ] {
+        let mut tcp = tokio::net::TcpStream::connect(app.http_addr.unwrap())
+            .await
+            .unwrap();
+        tcp.write_all(sent).await.unwrap();
+        let mut buf = Vec::new();
+        let closed = tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut buf)).await;
+        assert!(closed.is_ok(), "closed after sending {sent:?}");
+    }
+}
