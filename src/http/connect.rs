@@ -20,7 +20,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD_NO_PAD;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::Full;
+use http_body_util::{BodyExt as _, Full};
 use hyper::body::Incoming;
 use prost::Message as _;
 use serde_json::{Value, json};
@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use super::{Door, DoorError, json_response};
 use crate::proto::Decision;
-use crate::transport::OpenCall;
+use crate::transport::{HttpBody, OpenCall};
 
 /// Paths of the Coordinator's methods start with this.
 pub const SERVICE_PREFIX: &str = "/idempotency.v1.Coordinator/";
@@ -45,13 +45,19 @@ const UNARY: [(&str, &str, &str); 5] = [
     ("Sweep", "SweepRequest", "SweepResponse"),
 ];
 
+/// The server-streaming methods, answered as Server-Sent Events.
+const STREAMING: [(&str, &str, &str); 2] = [
+    ("Watch", "WatchRequest", "WatchEvent"),
+    ("WatchDue", "WatchDueRequest", "DueRecord"),
+];
+
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Codec {
+pub(super) enum Codec {
     Json,
     Proto,
 }
 
-fn codec(headers: &HeaderMap) -> Option<Codec> {
+pub(super) fn codec(headers: &HeaderMap) -> Option<Codec> {
     let value = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
     let essence = value.split(';').next()?.trim().to_ascii_lowercase();
     match essence.as_str() {
@@ -62,7 +68,7 @@ fn codec(headers: &HeaderMap) -> Option<Codec> {
 }
 
 /// `Connect-Timeout-Ms`: at most 10 digits.
-fn connect_timeout(headers: &HeaderMap) -> Option<Duration> {
+pub(super) fn connect_timeout(headers: &HeaderMap) -> Option<Duration> {
     let value = headers.get("connect-timeout-ms")?.to_str().ok()?;
     if value.is_empty() || value.len() > 10 || !value.bytes().all(|b| b.is_ascii_digit()) {
         return None;
@@ -84,7 +90,7 @@ pub(super) async fn serve(
     rpc: &str,
     request: Request<Incoming>,
     call: OpenCall,
-) -> Response<Full<Bytes>> {
+) -> Response<HttpBody> {
     match answer(door, rpc, request, call).await {
         Ok(response) => response,
         Err(e) => refuse(door, &e),
@@ -96,12 +102,14 @@ async fn answer(
     rpc: &str,
     request: Request<Incoming>,
     call: OpenCall,
-) -> Result<Response<Full<Bytes>>, DoorError> {
+) -> Result<Response<HttpBody>, DoorError> {
     let Some(&(method, input, output)) = UNARY.iter().find(|(name, ..)| *name == rpc) else {
-        return Err(match rpc {
-            "Watch" | "WatchDue" => DoorError::Streaming(rpc.to_owned()),
-            _ => DoorError::NoRoute,
-        });
+        return match STREAMING.iter().find(|(name, ..)| *name == rpc) {
+            Some(&(method, input, output)) => {
+                super::events::serve(door, method, input, output, request, call).await
+            }
+            None => Err(DoorError::NoRoute),
+        };
     };
     if request.method() != Method::POST {
         return Err(DoorError::MethodNotAllowed);
@@ -156,7 +164,7 @@ async fn answer(
             json_response(status, &value)
         }
         Codec::Proto => {
-            let mut response = Response::new(Full::new(answer));
+            let mut response = Response::new(Full::new(answer).boxed_unsync());
             *response.status_mut() = status;
             response.headers_mut().insert(
                 header::CONTENT_TYPE,
@@ -235,9 +243,15 @@ fn connect_code(code: tonic::Code) -> &'static str {
 /// Connect's JSON error. A refusal of the door's own carries an ErrorInfo
 /// in `debug` only (no bytes to decode), so that the reason is always at
 /// `details[].debug.reason`.
-fn refuse(door: &Door, error: &DoorError) -> Response<Full<Bytes>> {
+pub(super) fn refuse(door: &Door, error: &DoorError) -> Response<HttpBody> {
     super::log_refusal(error);
-    let (code, status) = error.code_and_status();
+    let (_, status) = error.code_and_status();
+    json_response(status, &error_json(&door.schema, error))
+}
+
+/// Connect's error JSON for `error`.
+pub(super) fn error_json(schema: &super::json::Schema, error: &DoorError) -> Value {
+    let (code, _) = error.code_and_status();
     let details: Vec<Value> = match error {
         DoorError::Coordinator(status) => {
             let decoded = tonic_types::pb::Status::decode(status.details()).unwrap_or_default();
@@ -250,7 +264,7 @@ fn refuse(door: &Door, error: &DoorError) -> Response<Full<Bytes>> {
                         "type": name,
                         "value": STANDARD_NO_PAD.encode(&any.value),
                     });
-                    if let Some(debug) = door.schema.any_to_json(&any.type_url, &any.value) {
+                    if let Some(debug) = schema.any_to_json(&any.type_url, &any.value) {
                         detail["debug"] = debug;
                     }
                     detail
@@ -274,7 +288,7 @@ fn refuse(door: &Door, error: &DoorError) -> Response<Full<Bytes>> {
     if !details.is_empty() {
         body["details"] = Value::Array(details);
     }
-    json_response(status, &body)
+    body
 }
 
 #[cfg(test)]

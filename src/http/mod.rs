@@ -7,6 +7,8 @@
 //!   n8n send and read them;
 //! - [`connect`]: every unary RPC in the Connect protocol's shape
 //!   (`POST /idempotency.v1.Coordinator/Acquire`, canonical proto3 JSON);
+//! - [`events`]: the streaming methods (Watch, WatchDue) as Server-Sent
+//!   Events;
 //! - [`json`]: canonical JSON by reflection over the embedded descriptors.
 //!
 //! Every Coordinator call the door makes goes through the gRPC port's
@@ -18,6 +20,7 @@
 //! byte budget while it is held.
 
 pub mod connect;
+pub mod events;
 pub mod json;
 pub mod workflow;
 
@@ -35,7 +38,7 @@ use tonic::{Code, Status};
 use crate::auth::Authenticator;
 use crate::error::cause_chain;
 use crate::store::Store;
-use crate::transport::{Admission, HttpHandler, OpenCall};
+use crate::transport::{Admission, HttpBody, HttpHandler, OpenCall};
 use json::Schema;
 
 /// What the door needs, shared by every connection of the HTTP port.
@@ -81,7 +84,7 @@ impl HttpHandler for Handler {
         &self,
         request: Request<Incoming>,
         call: OpenCall,
-    ) -> Pin<Box<dyn Future<Output = Response<Full<Bytes>>> + Send>> {
+    ) -> Pin<Box<dyn Future<Output = Response<HttpBody>> + Send>> {
         let door = Arc::clone(&self.0);
         Box::pin(async move { door.route(request, call).await })
     }
@@ -92,7 +95,7 @@ impl Door {
         self: Arc<Self>,
         request: Request<Incoming>,
         call: OpenCall,
-    ) -> Response<Full<Bytes>> {
+    ) -> Response<HttpBody> {
         let path = request.uri().path().to_owned();
         let method = request.method().clone();
         if let Some(rpc) = path.strip_prefix(connect::SERVICE_PREFIX) {
@@ -151,6 +154,34 @@ impl Door {
         timeout: Option<Duration>,
         call: OpenCall,
     ) -> Result<Bytes, Status> {
+        let body = self
+            .open_call(path, message, headers, timeout, call)
+            .await?;
+        let collected = body.collect().await?;
+        if let Some(trailers) = collected.trailers() {
+            failed(trailers)?;
+        }
+        let mut bytes = collected.to_bytes();
+        if bytes.len() < 5 || bytes[0] != 0 {
+            return Err(Status::internal(
+                "the answer is not one uncompressed message",
+            ));
+        }
+        let _ = bytes.split_to(5);
+        Ok(bytes)
+    }
+
+    /// Starts one Coordinator call as [`Door::call_coordinator`] does and
+    /// returns the answer's gRPC body (messages, then trailers) once its
+    /// headers say it was not refused.
+    async fn open_call(
+        &self,
+        path: &str,
+        message: &[u8],
+        headers: &HeaderMap,
+        timeout: Option<Duration>,
+        call: OpenCall,
+    ) -> Result<tonic::body::Body, Status> {
         let mut framed = BytesMut::with_capacity(5 + message.len());
         framed.put_u8(0);
         framed.put_u32(
@@ -184,18 +215,7 @@ impl Door {
         };
         let (parts, body) = response.into_parts();
         failed(&parts.headers)?;
-        let collected = body.collect().await?;
-        if let Some(trailers) = collected.trailers() {
-            failed(trailers)?;
-        }
-        let mut bytes = collected.to_bytes();
-        if bytes.len() < 5 || bytes[0] != 0 {
-            return Err(Status::internal(
-                "the answer is not one uncompressed message",
-            ));
-        }
-        let _ = bytes.split_to(5);
-        Ok(bytes)
+        Ok(body)
     }
 }
 
@@ -231,8 +251,6 @@ pub enum DoorError {
     NoRoute,
     #[error("method not allowed on this route")]
     MethodNotAllowed,
-    #[error("{0} is a streaming method: call it over gRPC")]
-    Streaming(String),
     /// The Coordinator's answer.
     #[error("{}", .0.message())]
     Coordinator(Status),
@@ -268,7 +286,6 @@ impl DoorError {
             DoorError::MethodNotAllowed => {
                 return (Code::Unimplemented, StatusCode::METHOD_NOT_ALLOWED);
             }
-            DoorError::Streaming(_) => Code::Unimplemented,
             DoorError::Coordinator(status) => status.code(),
         };
         (code, http_status(code))
@@ -288,7 +305,6 @@ impl DoorError {
             DoorError::MediaType => "UNSUPPORTED_MEDIA_TYPE".into(),
             DoorError::NoRoute => "NOT_FOUND".into(),
             DoorError::MethodNotAllowed => "METHOD_NOT_ALLOWED".into(),
-            DoorError::Streaming(_) => "UNIMPLEMENTED".into(),
             DoorError::Coordinator(status) => error_info(status)
                 .map(|info| info.reason)
                 .unwrap_or_else(|| format!("{:?}", status.code()).to_uppercase()),
@@ -347,9 +363,9 @@ fn violations(status: &Status) -> Vec<(String, String)> {
 }
 
 /// A JSON answer.
-fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
+fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<HttpBody> {
     let bytes = serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec());
-    let mut response = Response::new(Full::new(Bytes::from(bytes)));
+    let mut response = Response::new(Full::new(Bytes::from(bytes)).boxed_unsync());
     *response.status_mut() = status;
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -31,9 +31,7 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
-use http_body_util::Full;
 use hyper::body::Incoming;
 use prost::Message as _;
 use serde_json::{Map, Value, json};
@@ -47,7 +45,7 @@ use crate::proto::{
     self, AcquireRequest, AcquireResponse, CompleteRequest, CompleteResponse, Decision,
     acquire_request::RequestFingerprint, complete_request::Outcome,
 };
-use crate::transport::OpenCall;
+use crate::transport::{HttpBody, OpenCall};
 
 /// The longest FAILED backoff, and the exponent's cap, of the old API:
 /// `min(base_retry_seconds × 2^min(attempt_count, 6), 3600)`.
@@ -150,7 +148,7 @@ fn our_name(proto_field: &str) -> &str {
 }
 
 /// This API's error body; `status` is the record's status where known.
-fn refusal(error: &DoorError, status: Option<&str>) -> Response<Full<Bytes>> {
+fn refusal(error: &DoorError, status: Option<&str>) -> Response<HttpBody> {
     super::log_refusal(error);
     let (code, mut http) = error.code_and_status();
     // A Complete of another kind than the holder's first: the record is in
@@ -179,7 +177,7 @@ fn refusal(error: &DoorError, status: Option<&str>) -> Response<Full<Bytes>> {
     json_response(http, &body)
 }
 
-pub(super) fn refuse(error: &DoorError) -> Response<Full<Bytes>> {
+pub(super) fn refuse(error: &DoorError) -> Response<HttpBody> {
     refusal(error, None)
 }
 
@@ -224,7 +222,7 @@ pub(super) async fn acquire(
     door: &Door,
     request: Request<Incoming>,
     call: OpenCall,
-) -> Response<Full<Bytes>> {
+) -> Response<HttpBody> {
     match try_acquire(door, request, call).await {
         Ok(response) => response,
         Err(e) => refuse(&e),
@@ -235,7 +233,7 @@ async fn try_acquire(
     door: &Door,
     request: Request<Incoming>,
     call: OpenCall,
-) -> Result<Response<Full<Bytes>>, DoorError> {
+) -> Result<Response<HttpBody>, DoorError> {
     let (parts, body) = request.into_parts();
     let body = door.read_body(body, &parts.headers).await?;
     let fields = Fields::parse(&body, &ACQUIRE_FIELDS)?;
@@ -350,7 +348,7 @@ pub(super) async fn complete(
     door: &Door,
     request: Request<Incoming>,
     call: OpenCall,
-) -> Response<Full<Bytes>> {
+) -> Response<HttpBody> {
     let mut known = None;
     match try_complete(door, request, call, &mut known).await {
         Ok(response) => response,
@@ -363,7 +361,7 @@ async fn try_complete(
     request: Request<Incoming>,
     call: OpenCall,
     known: &mut Option<&'static str>,
-) -> Result<Response<Full<Bytes>>, DoorError> {
+) -> Result<Response<HttpBody>, DoorError> {
     let (parts, body) = request.into_parts();
     let body = door.read_body(body, &parts.headers).await?;
     let fields = Fields::parse(&body, &COMPLETE_FIELDS)?;
@@ -478,7 +476,7 @@ pub(super) async fn health(
     door: &Door,
     request: &Request<Incoming>,
     call: OpenCall,
-) -> Response<Full<Bytes>> {
+) -> Response<HttpBody> {
     let check = tonic_health::pb::HealthCheckRequest {
         service: "idempotency.v1.Coordinator".to_owned(),
     };

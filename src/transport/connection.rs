@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -106,15 +106,19 @@ impl Protocol for Grpc {
     }
 }
 
-/// What answers the requests of the HTTP/JSON port. The answer is whole
-/// (JSON documents are small); `call` keeps the connection marked busy
-/// until it has been built.
+/// The body of an HTTP/JSON answer: whole (a JSON document) or a stream of
+/// Server-Sent Events.
+pub type HttpBody = UnsyncBoxBody<Bytes, Infallible>;
+
+/// What answers the requests of the HTTP/JSON port; `call` keeps the
+/// connection marked busy until it has been answered (a stream's body
+/// holds it until the stream ends).
 pub trait HttpHandler: Send + Sync + 'static {
     fn handle(
         &self,
         request: http::Request<Incoming>,
         call: OpenCall,
-    ) -> Pin<Box<dyn Future<Output = http::Response<Full<Bytes>>> + Send>>;
+    ) -> Pin<Box<dyn Future<Output = http::Response<HttpBody>> + Send>>;
 }
 
 /// The settings every HTTP/JSON connection is served with: HTTP/2 as on the

@@ -29,7 +29,7 @@ pub use admission::{
     Admission, CALL_OVERHEAD_BYTES, CallDeadline, OPEN_SERVICES_BUDGET_BYTES, SMALL_MESSAGE_BYTES,
 };
 pub use body::Reservation;
-pub use connection::HttpHandler;
+pub use connection::{HttpBody, HttpHandler};
 
 /// The HTTP/2 header list a call may send, in bytes (as HTTP/2 counts it).
 pub const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
