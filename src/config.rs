@@ -152,6 +152,14 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEMPOTENCY_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
 
+    /// Also serve the Coordinator over HTTP/1.1 and HTTP/2 with JSON on this
+    /// address (port 0 picks a free port): the workflow API (POST /acquire,
+    /// POST /complete, GET /health) and every unary RPC in the Connect
+    /// protocol (POST /idempotency.v1.Coordinator/Acquire, ...), with the
+    /// gRPC port's credentials, limits and TLS; off unless given.
+    #[arg(long, env = "IDEMPOTENCY_HTTP_LISTEN")]
+    pub http_listen: Option<SocketAddr>,
+
     #[command(flatten)]
     pub database: DatabaseArgs,
 
@@ -458,6 +466,8 @@ fn nonzero(d: Duration) -> Option<Duration> {
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     pub listen: SocketAddr,
+    /// Where the HTTP/JSON door is served; `None`: nowhere.
+    pub http_listen: Option<SocketAddr>,
     pub store: StoreConfig,
     pub policy: Policy,
     pub run_migrations: bool,
@@ -495,6 +505,7 @@ impl ServeConfig {
     pub fn new(listen: SocketAddr, database_url: impl Into<String>) -> Self {
         ServeConfig {
             listen,
+            http_listen: None,
             store: StoreConfig::new(database_url),
             policy: Policy::default(),
             run_migrations: true,
@@ -537,6 +548,7 @@ impl From<ServeArgs> for ServeConfig {
         let defaults = Policy::default();
         ServeConfig {
             listen: a.listen,
+            http_listen: a.http_listen,
             store: StoreConfig {
                 database_url: a.database.database_url.unwrap_or_default(),
                 pool_size: a.pool_size,

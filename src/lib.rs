@@ -43,10 +43,18 @@
 //!   `--data-dir` when no database URL is given (local development).
 //! - [`transport`]: the network edge, where no caller is trusted yet: the
 //!   one accept loop (connection cap, handshake time limit, back-off when
-//!   descriptors run out), HTTP/2 connections (keepalive, idle timeout), and
+//!   descriptors run out) for both ports, HTTP/2 connections (keepalive,
+//!   idle timeout) and the HTTP port's HTTP/1.1-or-HTTP/2 ones, and
 //!   admission, which answers each call from its headers (credentials, room
 //!   in the in-flight byte budget, deadline) before a byte of its body is
 //!   read, and holds the body to size and time limits while it arrives.
+//! - [`http`]: the HTTP/JSON door (`--http-listen`) for callers without
+//!   gRPC: `http::workflow` (the n8n idempotency service's `/acquire`,
+//!   `/complete` and `/health`, read as n8n renders them), `http::connect`
+//!   (every unary RPC in the Connect protocol's shape, canonical proto3
+//!   JSON) and `http::json` (that JSON, by reflection over the embedded
+//!   descriptors). Each request becomes an in-process gRPC call through
+//!   `transport`'s admission, so nothing about callers is decided twice.
 //! - [`startup`]: builds the server (Coordinator, health, reflection) exactly
 //!   as production and tests run it, and wires the listener's state to
 //!   readiness and to the hub; binds the port first and waits for the
@@ -55,7 +63,7 @@
 //! - [`notify`]: the hub: waiting without a database connection. The
 //!   listener's changes fanned out to this process's waiters, the waiter
 //!   limits, and one shared read per record for the waiters a change wakes.
-//! - [`tls`]: TLS and mutual TLS on the gRPC port, reloadable.
+//! - [`tls`]: TLS and mutual TLS on the gRPC and HTTP ports, reloadable.
 //! - [`shutdown`]: the signals that start a graceful shutdown.
 //! - [`telemetry`]: logging and traces: the set-up (log format, the OTLP
 //!   span exporter) and each Coordinator call's span (method, tenant, scope,
@@ -76,6 +84,9 @@
 //! `error`, `tls` and `telemetry`, and reaches the services only as the
 //! routes `startup` hands it; `telemetry` uses `domain` (and `config`'s log
 //! format);
+//! `http` uses `transport` (admission, and the HTTP port it is served on),
+//! `auth`, `store` (one read: a key's latest lease), `domain`, `error` and
+//! the generated types;
 //! `error` uses `domain`, `auth` and `store`; `store` uses `domain` only;
 //! `domain` uses nothing of ours. `metrics` uses nothing of ours either and
 //! every module may call it. Only `startup` and `config` see everything.
@@ -86,6 +97,7 @@ pub mod domain;
 pub mod embedded;
 pub mod error;
 pub mod history;
+pub mod http;
 pub mod metrics;
 pub mod notify;
 pub mod recovery;

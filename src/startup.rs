@@ -85,6 +85,8 @@ pub enum StartupError {
     },
     #[error("cannot build the reflection service")]
     Reflection(#[from] tonic_reflection::server::Error),
+    #[error("cannot read the contract's descriptors for the HTTP/JSON door")]
+    Descriptors(#[from] prost_reflect::DescriptorError),
 }
 
 /// Waits until the database at `pg` answers and, with `migrate`, applies
@@ -250,6 +252,8 @@ pub struct Application {
     database_ready: bool,
     /// Where Prometheus metrics are served, when configured.
     metrics_listener: Option<TcpListener>,
+    /// Where the HTTP/JSON door is served, when configured.
+    http_listener: Option<TcpListener>,
 }
 
 impl Application {
@@ -304,6 +308,14 @@ impl Application {
             ),
             None => None,
         };
+        let http_listener = match config.http_listen {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| StartupError::Bind { addr, source })?,
+            ),
+            None => None,
+        };
         let waiter_limits = config.waiter_limits;
         Ok(Application {
             listener,
@@ -316,12 +328,20 @@ impl Application {
             pg,
             database_ready: false,
             metrics_listener,
+            http_listener,
         })
     }
 
     /// Where metrics are served, when they are.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
+    }
+
+    /// Where the HTTP/JSON door is served, when it is.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_listener
             .as_ref()
             .and_then(|l| l.local_addr().ok())
     }
@@ -383,6 +403,7 @@ impl Application {
             pg,
             database_ready,
             metrics_listener,
+            http_listener,
         } = self;
         if auth.is_on() {
             tracing::info!("authentication on: bearer tokens required");
@@ -483,6 +504,7 @@ impl Application {
             }
         };
         let store_to_wait_on = store.clone();
+        let store_for_http = store.clone();
         let (run_migrations, database_wait) = (config.run_migrations, config.database_wait);
         let coordinator = CoordinatorServer::new(CoordinatorService::new(
             store,
@@ -555,6 +577,7 @@ impl Application {
             .add_service(reflection_v1alpha)
             .add_service(coordinator)
             .prepare();
+        let auth_for_http = Arc::clone(&auth);
         let admission = Arc::new(Admission::new(
             routes,
             auth,
@@ -581,7 +604,50 @@ impl Application {
             max_connections = connections.max_connections,
             "listening"
         );
-        transport::serve(listener, tls, admission, connections, drain).await;
+        // Both ports stop together once the drain has run.
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let stopped = move || {
+            let mut stopping = stopping.clone();
+            async move {
+                let _ = stopping.wait_for(|stop| *stop).await;
+            }
+        };
+        let http = match http_listener {
+            Some(http_listener) => {
+                let door = crate::http::Door::new(
+                    Arc::clone(&admission),
+                    auth_for_http,
+                    store_for_http,
+                    config.max_request_bytes,
+                    config.request_body_timeout,
+                )?;
+                if let Ok(addr) = http_listener.local_addr() {
+                    tracing::info!(%addr, tls = tls.is_some(), "serving HTTP/JSON");
+                }
+                Some(transport::serve_http(
+                    http_listener,
+                    tls.clone(),
+                    Arc::new(crate::http::Handler(door)),
+                    connections,
+                    stopped(),
+                ))
+            }
+            None => None,
+        };
+        let http = async move {
+            if let Some(http) = http {
+                http.await;
+            }
+        };
+        let draining = async move {
+            drain.await;
+            let _ = stop.send(true);
+        };
+        tokio::join!(
+            draining,
+            transport::serve(listener, tls, admission, connections, stopped()),
+            http,
+        );
         polling.abort();
         if let Some(exporting) = exporting {
             exporting.abort();

@@ -1,4 +1,6 @@
-//! TLS on the gRPC port (rustls), and mutual TLS when a client CA is given.
+//! TLS on the gRPC port and the HTTP port (rustls), and mutual TLS when a
+//! client CA is given. Both ports share the certificates; they differ in
+//! the protocols they offer by ALPN (gRPC: `h2`; HTTP: `h2` and `http/1.1`).
 //! Certificates are read again on SIGHUP: each new connection's handshake
 //! uses the configuration in force when it arrives, so a reload never drops
 //! a connection. A reload that fails keeps the old configuration.
@@ -62,7 +64,16 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     Ok(certs)
 }
 
-fn server_config(files: &TlsFiles) -> Result<ServerConfig, TlsError> {
+/// Which port a configuration is for: what it offers by ALPN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Port {
+    /// gRPC runs over HTTP/2 alone.
+    Grpc,
+    /// The HTTP/JSON port speaks HTTP/2 and HTTP/1.1.
+    Http,
+}
+
+fn server_config(files: &TlsFiles, port: Port) -> Result<ServerConfig, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let certs = certificates(&files.cert)?;
     let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|source| TlsError::Read {
@@ -84,38 +95,68 @@ fn server_config(files: &TlsFiles) -> Result<ServerConfig, TlsError> {
         None => builder.with_no_client_auth(),
     };
     let mut config = builder.with_single_cert(certs, key)?;
-    // gRPC runs over HTTP/2, which TLS clients ask for by ALPN.
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    // gRPC runs over HTTP/2, which TLS clients ask for by ALPN; HTTP/JSON
+    // clients may ask for either version (a client that asks for none gets
+    // HTTP/1.1 or, with prior knowledge, HTTP/2).
+    config.alpn_protocols = match port {
+        Port::Grpc => vec![b"h2".to_vec()],
+        Port::Http => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+    };
     Ok(config)
 }
 
 /// The TLS configuration in force, replaceable while the server runs.
 pub struct Tls {
     files: TlsFiles,
-    acceptor: RwLock<TlsAcceptor>,
+    /// The gRPC port's and the HTTP port's, replaced together.
+    acceptors: RwLock<Acceptors>,
+}
+
+struct Acceptors {
+    grpc: TlsAcceptor,
+    http: TlsAcceptor,
+}
+
+impl Acceptors {
+    fn load(files: &TlsFiles) -> Result<Self, TlsError> {
+        Ok(Acceptors {
+            grpc: TlsAcceptor::from(Arc::new(server_config(files, Port::Grpc)?)),
+            http: TlsAcceptor::from(Arc::new(server_config(files, Port::Http)?)),
+        })
+    }
 }
 
 impl Tls {
     pub fn load(files: TlsFiles) -> Result<Self, TlsError> {
-        let acceptor = TlsAcceptor::from(Arc::new(server_config(&files)?));
+        let acceptors = Acceptors::load(&files)?;
         Ok(Tls {
             files,
-            acceptor: RwLock::new(acceptor),
+            acceptors: RwLock::new(acceptors),
         })
     }
 
     /// Reads the files again; on failure the old configuration stays.
     pub fn reload(&self) -> Result<(), TlsError> {
-        let fresh = TlsAcceptor::from(Arc::new(server_config(&self.files)?));
-        *self.acceptor.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+        let fresh = Acceptors::load(&self.files)?;
+        *self.acceptors.write().unwrap_or_else(|e| e.into_inner()) = fresh;
         Ok(())
     }
 
-    /// The acceptor for a new connection's handshake.
+    /// The acceptor for a new gRPC connection's handshake.
     pub fn acceptor(&self) -> TlsAcceptor {
-        self.acceptor
+        self.acceptors
             .read()
             .unwrap_or_else(|e| e.into_inner())
+            .grpc
+            .clone()
+    }
+
+    /// The acceptor for a new HTTP/JSON connection's handshake.
+    pub fn http_acceptor(&self) -> TlsAcceptor {
+        self.acceptors
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .http
             .clone()
     }
 }

@@ -3,6 +3,9 @@
 //! listen queue), a back-off when `accept` fails (out of file descriptors,
 //! say) instead of a spin, and a handshake time limit, so that a connection
 //! that sends nothing holds its descriptor for a few seconds at most.
+//!
+//! What is served on an accepted connection is a [`Protocol`]: gRPC over
+//! HTTP/2 on the gRPC port, HTTP/1.1 and HTTP/2 on the HTTP/JSON port.
 
 use std::future::Future;
 use std::io;
@@ -16,10 +19,30 @@ use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 
+use tokio_rustls::TlsAcceptor;
+
 use super::ConnectionLimits;
-use super::admission::Admission;
-use super::connection;
 use crate::tls::Tls;
+
+/// What one port serves on each connection it accepts, once the TLS
+/// handshake (if any) is done.
+pub trait Protocol: Clone + Send + 'static {
+    /// The TLS acceptor of this port (it says what ALPN offers).
+    fn tls_acceptor(tls: &Tls) -> TlsAcceptor;
+
+    /// Serves `io` until the peer goes, the connection idles out, or
+    /// `draining` turns true and its calls have finished. Whatever the
+    /// protocol's own handshake reads must arrive within `handshake_left`.
+    fn serve<IO>(
+        self,
+        io: IO,
+        peer: SocketAddr,
+        handshake_left: Duration,
+        draining: watch::Receiver<bool>,
+    ) -> impl Future<Output = ()> + Send
+    where
+        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+}
 
 /// The first bytes of every HTTP/2 connection (RFC 9113, 3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -62,16 +85,15 @@ fn is_connection_error(e: &io::Error) -> bool {
 /// Accepts connections until `shutdown` resolves, then stops accepting,
 /// closes every connection gracefully, and returns once their calls have
 /// finished.
-pub async fn serve(
+pub async fn serve<P: Protocol>(
     listener: TcpListener,
     tls: Option<Arc<Tls>>,
-    admission: Arc<Admission>,
+    protocol: P,
     limits: ConnectionLimits,
     shutdown: impl Future<Output = ()>,
 ) {
     let (drain, draining) = watch::channel(false);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let builder = connection::http2_builder(&limits);
     let mut backoff = FIRST_ACCEPT_BACKOFF;
     tokio::pin!(shutdown);
     loop {
@@ -100,29 +122,24 @@ pub async fn serve(
             }
         };
         configure(&tcp, &limits);
-        let builder = builder.clone();
-        let admission = Arc::clone(&admission);
+        let protocol = protocol.clone();
         let draining = draining.clone();
         let handshake = limits.handshake_timeout;
-        let idle = limits.idle_timeout;
         // One task type per kind of connection: a plaintext connection's task
         // does not carry the room a TLS session takes.
         match &tls {
             None => tokio::spawn(async move {
                 let _slot = slot;
-                if let Some(io) = within(handshake, peer, read_preface(tcp)).await {
-                    connection::serve(io, peer, builder, admission, idle, draining).await;
-                }
+                protocol.serve(tcp, peer, handshake, draining).await;
             }),
             Some(tls) => {
-                let acceptor = tls.acceptor();
+                let acceptor = P::tls_acceptor(tls);
                 tokio::spawn(async move {
                     let _slot = slot;
-                    let accepted = within(handshake, peer, async {
-                        read_preface(acceptor.accept(tcp).await?).await
-                    });
-                    if let Some(io) = accepted.await {
-                        connection::serve(io, peer, builder, admission, idle, draining).await;
+                    let started = tokio::time::Instant::now();
+                    if let Some(io) = within(handshake, peer, acceptor.accept(tcp)).await {
+                        let left = handshake.saturating_sub(started.elapsed());
+                        protocol.serve(io, peer, left, draining).await;
                     }
                 })
             }
@@ -136,7 +153,7 @@ pub async fn serve(
 
 /// Runs a handshake within `limit`; a failed or late one closes the
 /// connection.
-async fn within<T>(
+pub(super) async fn within<T>(
     limit: Duration,
     peer: SocketAddr,
     handshake: impl Future<Output = io::Result<T>>,
@@ -170,7 +187,7 @@ fn configure(tcp: &TcpStream, limits: &ConnectionLimits) {
 /// Reads the HTTP/2 preface, so that a client that connects and sends
 /// nothing (or not HTTP/2) is closed at the handshake time limit; the
 /// preface is then replayed to the HTTP/2 server.
-async fn read_preface<IO: AsyncRead + Unpin>(mut io: IO) -> io::Result<Prefaced<IO>> {
+pub(super) async fn read_preface<IO: AsyncRead + Unpin>(mut io: IO) -> io::Result<Prefaced<IO>> {
     let mut preface = [0u8; PREFACE.len()];
     io.read_exact(&mut preface).await?;
     if &preface != PREFACE {
@@ -179,12 +196,44 @@ async fn read_preface<IO: AsyncRead + Unpin>(mut io: IO) -> io::Result<Prefaced<
             "not an HTTP/2 connection preface",
         ));
     }
-    Ok(Prefaced { io, replayed: 0 })
+    Ok(Prefaced {
+        io,
+        head: preface,
+        len: PREFACE.len(),
+        replayed: 0,
+    })
 }
 
-/// A connection whose preface has been read, and is read again.
+/// Reads the start of an HTTP/1.1 or HTTP/2 connection: the whole HTTP/2
+/// preface, or bytes up to the first that departs from it (an HTTP/1.1
+/// request line), so that a client that connects and sends nothing, or a
+/// part of the preface, is closed at the handshake time limit (HTTP/1.1's
+/// header read timeout then bounds the rest of the request head). What was
+/// read is replayed to the server.
+pub(super) async fn read_start<IO: AsyncRead + Unpin>(mut io: IO) -> io::Result<Prefaced<IO>> {
+    let mut head = [0u8; PREFACE.len()];
+    let mut len = 0;
+    while len < PREFACE.len() && head[..len] == PREFACE[..len] {
+        let n = io.read(&mut head[len..]).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        len += n;
+    }
+    Ok(Prefaced {
+        io,
+        head,
+        len,
+        replayed: 0,
+    })
+}
+
+/// A connection whose first bytes have been read, and are read again.
 pub struct Prefaced<IO> {
     io: IO,
+    head: [u8; PREFACE.len()],
+    /// Bytes of `head` read.
+    len: usize,
     replayed: usize,
 }
 
@@ -195,8 +244,8 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Prefaced<IO> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if this.replayed < PREFACE.len() {
-            let rest = &PREFACE[this.replayed..];
+        if this.replayed < this.len {
+            let rest = &this.head[this.replayed..this.len];
             let n = rest.len().min(buf.remaining());
             buf.put_slice(&rest[..n]);
             this.replayed += n;
@@ -252,6 +301,37 @@ mod tests {
         io.read_to_end(&mut all).await.unwrap();
         assert_eq!(&all[..24], PREFACE);
         assert_eq!(&all[24..], b"rest");
+    }
+
+    #[tokio::test]
+    async fn the_start_of_either_http_version_is_read_then_replayed() {
+        for sent in [
+            &PREFACE[..],
+            b"GET /health HTTP/1.1\r\n\r\n",
+            b"PRI * HTTP/1.1\r\n",
+        ] {
+            let (mut client, server) = tokio::io::duplex(64);
+            client.write_all(sent).await.unwrap();
+            client.write_all(b"rest").await.unwrap();
+            drop(client);
+            let mut io = read_start(server).await.unwrap();
+            let mut all = Vec::new();
+            io.read_to_end(&mut all).await.unwrap();
+            assert_eq!(&all[..sent.len()], sent);
+            assert_eq!(&all[sent.len()..], b"rest");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_part_of_the_preface_is_not_a_start() {
+        let (mut client, server) = tokio::io::duplex(64);
+        client.write_all(&PREFACE[..10]).await.unwrap();
+        let started = tokio::time::timeout(Duration::from_millis(50), read_start(server)).await;
+        assert!(
+            started.is_err(),
+            "still waiting for the rest of the preface"
+        );
+        drop(client);
     }
 
     #[tokio::test]

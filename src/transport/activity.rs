@@ -43,6 +43,14 @@ impl Activity {
 /// A call in progress on a connection; dropped when its answer is sent.
 pub struct OpenCall(Arc<Activity>);
 
+impl OpenCall {
+    /// Another call on the same connection: an HTTP/JSON request that makes
+    /// an in-process Coordinator call holds one for each.
+    pub fn another(&self) -> OpenCall {
+        self.0.start()
+    }
+}
+
 impl Drop for OpenCall {
     fn drop(&mut self) {
         let ms = u64::try_from(self.0.born.elapsed().as_millis()).unwrap_or(u64::MAX);

@@ -212,6 +212,13 @@ impl Admission {
         })
     }
 
+    /// `bytes` of the Coordinator calls' budget, held until the reservation
+    /// drops: the HTTP door's JSON bodies while they are read and turned
+    /// into protobuf, before the call they become is admitted.
+    pub fn hold(&self, bytes: usize) -> Option<Reservation> {
+        self.budget.reserve(bytes)
+    }
+
     /// Decides on the headers: the caller (inserted into the request's
     /// extensions), the request's share of the budget, its body's limits and
     /// its deadline.

@@ -1,23 +1,35 @@
-//! One client connection, served over HTTP/2: its calls go through
-//! [`Admission`]; it is closed gracefully (GOAWAY, calls in flight finish)
-//! when it has had no call for the idle timeout or when the server drains,
-//! and dropped when its peer stops answering keepalive pings.
+//! One client connection: gRPC over HTTP/2 on the gRPC port (its calls go
+//! through [`Admission`]), HTTP/1.1 or HTTP/2 on the HTTP/JSON port (its
+//! requests go to the [`HttpHandler`] startup hands it). Either is closed
+//! gracefully (GOAWAY or `Connection: close`, requests in flight finish) when
+//! it has had no request for the idle timeout or when the server drains,
+//! and an HTTP/2 one is dropped when its peer stops answering keepalive
+//! pings.
 
+use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
 use tracing::Instrument as _;
 
 use super::ConnectionLimits;
-use super::activity::Activity;
+use super::accept::{Protocol, read_preface, read_start, within};
+use super::activity::{Activity, OpenCall};
 use super::admission::Admission;
 use crate::error::cause_chain;
+use crate::tls::Tls;
 
 /// Resolves once the connection has had no open call for `timeout`.
 async fn idle(activity: &Activity, timeout: Duration) {
@@ -33,7 +45,7 @@ async fn idle(activity: &Activity, timeout: Duration) {
     }
 }
 
-/// The HTTP/2 settings every connection is served with.
+/// The HTTP/2 settings every gRPC connection is served with.
 pub fn http2_builder(limits: &ConnectionLimits) -> http2::Builder<TokioExecutor> {
     let mut builder = http2::Builder::new(TokioExecutor::new());
     builder
@@ -47,55 +59,179 @@ pub fn http2_builder(limits: &ConnectionLimits) -> http2::Builder<TokioExecutor>
     builder
 }
 
-/// Serves `io` until the peer goes, the connection idles out, or `drain`
-/// turns true and its calls have finished.
-pub async fn serve<IO>(
-    io: IO,
-    peer: SocketAddr,
-    builder: http2::Builder<TokioExecutor>,
-    admission: Arc<Admission>,
+/// The gRPC port: HTTP/2 only, its preface read within the handshake time
+/// limit, every call through admission.
+#[derive(Clone)]
+pub struct Grpc {
+    pub builder: http2::Builder<TokioExecutor>,
+    pub admission: Arc<Admission>,
+    pub idle_timeout: Option<Duration>,
+}
+
+impl Protocol for Grpc {
+    fn tls_acceptor(tls: &Tls) -> TlsAcceptor {
+        tls.acceptor()
+    }
+
+    async fn serve<IO>(
+        self,
+        io: IO,
+        peer: SocketAddr,
+        handshake_left: Duration,
+        draining: watch::Receiver<bool>,
+    ) where
+        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let Some(io) = within(handshake_left, peer, read_preface(io)).await else {
+            return;
+        };
+        let activity = Activity::new();
+        let admission = self.admission;
+        let service = {
+            let activity = Arc::clone(&activity);
+            hyper::service::service_fn(move |request: http::Request<Incoming>| {
+                admission.call(request, activity.start())
+            })
+        };
+        let connection = self.builder.serve_connection(TokioIo::new(io), service);
+        drive(
+            connection,
+            |c| c.graceful_shutdown(),
+            &activity,
+            self.idle_timeout,
+            draining,
+        )
+        .instrument(tracing::info_span!("connection", %peer))
+        .await;
+    }
+}
+
+/// The body of an HTTP/JSON answer: whole (a JSON document) or a stream of
+/// Server-Sent Events.
+pub type HttpBody = UnsyncBoxBody<Bytes, Infallible>;
+
+/// What answers the requests of the HTTP/JSON port; `call` keeps the
+/// connection marked busy until it has been answered (a stream's body
+/// holds it until the stream ends).
+pub trait HttpHandler: Send + Sync + 'static {
+    fn handle(
+        &self,
+        request: http::Request<Incoming>,
+        call: OpenCall,
+    ) -> Pin<Box<dyn Future<Output = http::Response<HttpBody>> + Send>>;
+}
+
+/// The settings every HTTP/JSON connection is served with: HTTP/2 as on the
+/// gRPC port; HTTP/1.1 with keep-alive, its request head read within the
+/// handshake time limit and held to the header list limit.
+pub fn http_builder(limits: &ConnectionLimits) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.handshake_timeout)
+        .keep_alive(true)
+        .max_buf_size((limits.max_header_list_bytes as usize).max(8 * 1024));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .max_header_list_size(limits.max_header_list_bytes)
+        .initial_stream_window_size(limits.window_bytes)
+        .initial_connection_window_size(limits.window_bytes)
+        .keep_alive_interval(limits.keepalive_interval)
+        .keep_alive_timeout(limits.keepalive_timeout);
+    builder
+}
+
+/// The HTTP/JSON port: HTTP/1.1 or HTTP/2 (by ALPN under TLS, by the
+/// preface in plaintext), every request to the handler.
+#[derive(Clone)]
+pub struct Http {
+    pub builder: Arc<auto::Builder<TokioExecutor>>,
+    pub handler: Arc<dyn HttpHandler>,
+    pub idle_timeout: Option<Duration>,
+}
+
+impl Protocol for Http {
+    fn tls_acceptor(tls: &Tls) -> TlsAcceptor {
+        tls.http_acceptor()
+    }
+
+    async fn serve<IO>(
+        self,
+        io: IO,
+        peer: SocketAddr,
+        handshake_left: Duration,
+        draining: watch::Receiver<bool>,
+    ) where
+        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        // The start (HTTP/2's whole preface, or HTTP/1.1's first bytes)
+        // within the handshake limit; HTTP/1.1's header read timeout bounds
+        // the rest of each request head.
+        let Some(io) = within(handshake_left, peer, read_start(io)).await else {
+            return;
+        };
+        let activity = Activity::new();
+        let handler = self.handler;
+        let service = {
+            let activity = Arc::clone(&activity);
+            hyper::service::service_fn(move |request: http::Request<Incoming>| {
+                let answer = handler.handle(request, activity.start());
+                async move { Ok::<_, Infallible>(answer.await) }
+            })
+        };
+        let connection = self.builder.serve_connection(TokioIo::new(io), service);
+        drive(
+            connection,
+            |c| c.graceful_shutdown(),
+            &activity,
+            self.idle_timeout,
+            draining,
+        )
+        .instrument(tracing::info_span!("http_connection", %peer))
+        .await;
+    }
+}
+
+/// Runs `connection` until it ends, asking it to close gracefully once it
+/// has been idle for `idle_timeout` or when `drain` turns true.
+async fn drive<C, E>(
+    connection: C,
+    graceful: fn(Pin<&mut C>),
+    activity: &Activity,
     idle_timeout: Option<Duration>,
     mut drain: watch::Receiver<bool>,
 ) where
-    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    C: Future<Output = Result<(), E>>,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let activity = Activity::new();
-    let service = {
-        let activity = Arc::clone(&activity);
-        hyper::service::service_fn(move |request: http::Request<Incoming>| {
-            admission.call(request, activity.start())
-        })
-    };
-    let span = tracing::info_span!("connection", %peer);
-    async move {
-        let connection = builder.serve_connection(TokioIo::new(io), service);
-        tokio::pin!(connection);
-        let mut closing = false;
-        loop {
-            tokio::select! {
-                served = &mut connection => {
-                    if let Err(e) = served {
-                        tracing::debug!(error = %cause_chain(&e), "connection closed with an error");
-                    }
-                    return;
+    tokio::pin!(connection);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            served = &mut connection => {
+                if let Err(e) = served {
+                    let e: Box<dyn std::error::Error + Send + Sync> = e.into();
+                    tracing::debug!(error = %cause_chain(e.as_ref()), "connection closed with an error");
                 }
-                () = async {
-                    match idle_timeout {
-                        Some(timeout) => idle(&activity, timeout).await,
-                        None => std::future::pending().await,
-                    }
-                }, if !closing => {
-                    tracing::debug!("closing an idle connection");
-                    connection.as_mut().graceful_shutdown();
-                    closing = true;
+                return;
+            }
+            () = async {
+                match idle_timeout {
+                    Some(timeout) => idle(activity, timeout).await,
+                    None => std::future::pending().await,
                 }
-                _ = drain.wait_for(|draining| *draining), if !closing => {
-                    connection.as_mut().graceful_shutdown();
-                    closing = true;
-                }
+            }, if !closing => {
+                tracing::debug!("closing an idle connection");
+                graceful(connection.as_mut());
+                closing = true;
+            }
+            _ = drain.wait_for(|draining| *draining), if !closing => {
+                graceful(connection.as_mut());
+                closing = true;
             }
         }
     }
-    .instrument(span)
-    .await;
 }

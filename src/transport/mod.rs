@@ -2,7 +2,9 @@
 //! (`accept`), serving each over HTTP/2 with keepalive and an idle timeout
 //! (`connection`), and admitting each call on its headers before any of its
 //! body is read (`admission`), its bytes held to a server-wide budget and a
-//! time limit while they arrive (`body`).
+//! time limit while they arrive (`body`). The HTTP/JSON port shares the
+//! accept loop and the limits, and reaches the Coordinator through the same
+//! admission.
 //!
 //! Everything a client can make the server hold is bounded here; README,
 //! "Limits", adds the bounds up.
@@ -13,12 +15,21 @@ mod admission;
 mod body;
 mod connection;
 
+use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
-pub use accept::{raise_open_file_limit, serve};
+use tokio::net::TcpListener;
+
+use crate::tls::Tls;
+
+pub use accept::raise_open_file_limit;
+pub use activity::OpenCall;
 pub use admission::{
     Admission, CALL_OVERHEAD_BYTES, CallDeadline, OPEN_SERVICES_BUDGET_BYTES, SMALL_MESSAGE_BYTES,
 };
+pub use body::Reservation;
+pub use connection::{HttpBody, HttpHandler};
 
 /// The HTTP/2 header list a call may send, in bytes (as HTTP/2 counts it).
 pub const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
@@ -46,4 +57,39 @@ pub struct ConnectionLimits {
     pub tcp_keepalive: Option<Duration>,
     pub max_header_list_bytes: u32,
     pub window_bytes: u32,
+}
+
+/// Serves gRPC on `listener` until `shutdown` resolves, then closes every
+/// connection gracefully and returns once their calls have finished.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<Arc<Tls>>,
+    admission: Arc<Admission>,
+    limits: ConnectionLimits,
+    shutdown: impl Future<Output = ()>,
+) {
+    let grpc = connection::Grpc {
+        builder: connection::http2_builder(&limits),
+        admission,
+        idle_timeout: limits.idle_timeout,
+    };
+    accept::serve(listener, tls, grpc, limits, shutdown).await;
+}
+
+/// Serves HTTP/1.1 and HTTP/2 on `listener` with the same limits as the
+/// gRPC port (a connection cap of the same size, of its own), every request
+/// answered by `handler`; stops as [`serve`] does.
+pub async fn serve_http(
+    listener: TcpListener,
+    tls: Option<Arc<Tls>>,
+    handler: Arc<dyn HttpHandler>,
+    limits: ConnectionLimits,
+    shutdown: impl Future<Output = ()>,
+) {
+    let http = connection::Http {
+        builder: Arc::new(connection::http_builder(&limits)),
+        handler,
+        idle_timeout: limits.idle_timeout,
+    };
+    accept::serve(listener, tls, http, limits, shutdown).await;
 }

@@ -17,6 +17,7 @@ mod grpcurl;
 mod health;
 mod helpers;
 mod hostile;
+mod http;
 mod metrics;
 mod migrations;
 mod replays;

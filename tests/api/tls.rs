@@ -202,3 +202,56 @@ async fn certificates_are_read_again_on_reload_and_a_bad_file_changes_nothing() 
         .await
         .expect("open connections survive a reload");
 }
+
+#[tokio::test]
+async fn the_http_port_serves_http1_and_http2_over_tls_by_alpn() {
+    let db = TestDatabase::create().await;
+    let server_pki = pki(&["localhost", "127.0.0.1"]);
+    let files = Files::new();
+    let mut config = ServeConfig::new("127.0.0.1:0".parse().unwrap(), db.url.clone());
+    config.http_listen = Some("127.0.0.1:0".parse().unwrap());
+    config.tls = Some(TlsFiles {
+        cert: files.write("server.pem", &server_pki.cert),
+        key: files.write("server.key", &server_pki.key),
+        client_ca: None,
+    });
+    let app = Application::build(config).await.expect("build with TLS");
+    let port = app.http_addr().expect("the HTTP port").port();
+    let _serving = serve(app);
+    idempotency_coordinator::tls::install_crypto_provider();
+    let ca = reqwest::Certificate::from_pem(server_pki.ca.as_bytes()).unwrap();
+    let url = format!("https://localhost:{port}/acquire");
+    for (key, http1_only, version) in [
+        ("tls-1", true, reqwest::Version::HTTP_11),
+        ("tls-2", false, reqwest::Version::HTTP_2),
+    ] {
+        let mut builder = reqwest::Client::builder()
+            .tls_certs_only([ca.clone()])
+            .resolve("localhost", ([127, 0, 0, 1], port).into());
+        if http1_only {
+            builder = builder.http1_only();
+        }
+        let response = builder
+            .build()
+            .unwrap()
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(format!(r#"{{"scope":"s","idempotency_key":"{key}"}}"#))
+            .send()
+            .await
+            .expect("a client trusting the CA is answered");
+        assert_eq!(response.version(), version);
+        let answer: serde_json::Value =
+            serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+        assert_eq!(answer["decision"], "PROCEED");
+    }
+    let plaintext = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/acquire"))
+        .body("{}")
+        .send()
+        .await;
+    assert!(
+        plaintext.is_err() || !plaintext.unwrap().status().is_success(),
+        "plaintext is not served on a TLS port"
+    );
+}

@@ -29,6 +29,8 @@ pub(super) fn init_tracing() {
 /// One in-process server, as production builds it.
 pub struct TestServer {
     pub addr: SocketAddr,
+    /// The HTTP/JSON door's address, when the server serves it.
+    pub http_addr: Option<SocketAddr>,
     pub client: CoordinatorClient<Channel>,
     /// The server's clock offset: advance it instead of sleeping.
     pub clock: Clock,
@@ -77,6 +79,7 @@ pub async fn start_server(config: ServeConfig) -> TestServer {
 /// Runs a built server in the background until the returned handle stops it.
 pub async fn run_app(app: Application) -> TestServer {
     let addr = app.local_addr();
+    let http_addr = app.http_addr();
     let clock = app.clock();
     let hub = app.hub();
     let store = app.store();
@@ -93,6 +96,7 @@ pub async fn run_app(app: Application) -> TestServer {
         .expect("connect to the test server");
     TestServer {
         addr,
+        http_addr,
         client,
         clock,
         hub,

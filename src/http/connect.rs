@@ -1,0 +1,318 @@
+//! The contract over plain HTTP in the Connect protocol's unary shape:
+//! `POST /idempotency.v1.Coordinator/<Method>` with `Content-Type:
+//! application/json` (canonical proto3 JSON, as grpcurl shows it) or
+//! `application/proto`; `Connect-Protocol-Version: 1` accepted but not
+//! required, so curl works as it is; `Connect-Timeout-Ms` becomes the
+//! call's deadline. Connect-ES's `createConnectTransport` speaks it as is.
+//!
+//! Errors are Connect's JSON error (`code`, `message`, `details` with each
+//! `google.rpc` detail's bytes in `value` and its JSON in `debug`), with
+//! Connect's HTTP status for the code.
+//!
+//! Acquire answers 200 with its AcquireResponse whatever the decision
+//! (decisions are data), with `Idempotent-Replayed: true` on ALREADY_DONE.
+//! A caller that sends `Prefer: idempotency-http-status` gets the README's
+//! gateway mapping instead: 409 with `Retry-After` for IN_PROGRESS and
+//! RETRY_LATER, 422 for CONFLICT and EXHAUSTED (the body still the
+//! AcquireResponse, and `Preference-Applied` says so).
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD_NO_PAD;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::Incoming;
+use prost::Message as _;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+use super::{Door, DoorError, json_response};
+use crate::proto::Decision;
+use crate::transport::{HttpBody, OpenCall};
+
+/// Paths of the Coordinator's methods start with this.
+pub const SERVICE_PREFIX: &str = "/idempotency.v1.Coordinator/";
+
+/// The preference that asks for the gateway mapping of decisions.
+pub const PREFER_HTTP_STATUS: &str = "idempotency-http-status";
+
+/// The unary methods, with their request and response types.
+const UNARY: [(&str, &str, &str); 5] = [
+    ("Acquire", "AcquireRequest", "AcquireResponse"),
+    ("Complete", "CompleteRequest", "CompleteResponse"),
+    ("ExtendLease", "ExtendLeaseRequest", "ExtendLeaseResponse"),
+    ("Get", "GetRequest", "GetResponse"),
+    ("Sweep", "SweepRequest", "SweepResponse"),
+];
+
+/// The server-streaming methods, answered as Server-Sent Events.
+const STREAMING: [(&str, &str, &str); 2] = [
+    ("Watch", "WatchRequest", "WatchEvent"),
+    ("WatchDue", "WatchDueRequest", "DueRecord"),
+];
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Codec {
+    Json,
+    Proto,
+}
+
+pub(super) fn codec(headers: &HeaderMap) -> Option<Codec> {
+    let value = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
+    let essence = value.split(';').next()?.trim().to_ascii_lowercase();
+    match essence.as_str() {
+        "application/json" => Some(Codec::Json),
+        "application/proto" => Some(Codec::Proto),
+        _ => None,
+    }
+}
+
+/// `Connect-Timeout-Ms`: at most 10 digits.
+pub(super) fn connect_timeout(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get("connect-timeout-ms")?.to_str().ok()?;
+    if value.is_empty() || value.len() > 10 || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    value.parse().ok().map(Duration::from_millis)
+}
+
+fn prefers_http_status(headers: &HeaderMap) -> bool {
+    headers
+        .get_all("prefer")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|p| p.trim().eq_ignore_ascii_case(PREFER_HTTP_STATUS))
+}
+
+pub(super) async fn serve(
+    door: &Door,
+    rpc: &str,
+    request: Request<Incoming>,
+    call: OpenCall,
+) -> Response<HttpBody> {
+    match answer(door, rpc, request, call).await {
+        Ok(response) => response,
+        Err(e) => refuse(door, &e),
+    }
+}
+
+async fn answer(
+    door: &Door,
+    rpc: &str,
+    request: Request<Incoming>,
+    call: OpenCall,
+) -> Result<Response<HttpBody>, DoorError> {
+    let Some(&(method, input, output)) = UNARY.iter().find(|(name, ..)| *name == rpc) else {
+        return match STREAMING.iter().find(|(name, ..)| *name == rpc) {
+            Some(&(method, input, output)) => {
+                super::events::serve(door, method, input, output, request, call).await
+            }
+            None => Err(DoorError::NoRoute),
+        };
+    };
+    if request.method() != Method::POST {
+        return Err(DoorError::MethodNotAllowed);
+    }
+    let codec = codec(request.headers()).ok_or(DoorError::MediaType)?;
+    let (parts, body) = request.into_parts();
+    let body = door.read_body(body, &parts.headers).await?;
+    let input = door
+        .schema
+        .message(&format!("idempotency.v1.{input}"))
+        .ok_or(DoorError::NoRoute)?;
+    let output = door
+        .schema
+        .message(&format!("idempotency.v1.{output}"))
+        .ok_or(DoorError::NoRoute)?;
+    let message = match codec {
+        Codec::Json => door
+            .schema
+            .json_to_proto(input, &body)
+            .map_err(|e| match e {
+                super::json::JsonError::Syntax(m) => DoorError::Syntax(m),
+                super::json::JsonError::Shape(m) => DoorError::Shape(m),
+            })?,
+        Codec::Proto => body.to_vec(),
+    };
+    drop(body);
+    let answer = door
+        .call_coordinator(
+            &format!("{SERVICE_PREFIX}{method}"),
+            &message,
+            &parts.headers,
+            connect_timeout(&parts.headers),
+            call,
+        )
+        .await?;
+    let mut status = StatusCode::OK;
+    let mut extra = HeaderMap::new();
+    if method == "Acquire" {
+        decision_headers(
+            &answer,
+            prefers_http_status(&parts.headers),
+            &mut status,
+            &mut extra,
+        );
+    }
+    let mut response = match codec {
+        Codec::Json => {
+            let value = door.schema.proto_to_json(output, answer).map_err(|e| {
+                tracing::error!(error = %e, "cannot write the answer as JSON");
+                DoorError::Coordinator(tonic::Status::internal("cannot write the answer as JSON"))
+            })?;
+            json_response(status, &value)
+        }
+        Codec::Proto => {
+            let mut response = Response::new(Full::new(answer).boxed_unsync());
+            *response.status_mut() = status;
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/proto"),
+            );
+            response
+        }
+    };
+    response.headers_mut().extend(extra);
+    Ok(response)
+}
+
+/// The replay marker, and with HTTP semantics asked for, the gateway
+/// mapping's status and `Retry-After`.
+fn decision_headers(
+    answer: &Bytes,
+    http_semantics: bool,
+    status: &mut StatusCode,
+    headers: &mut HeaderMap,
+) {
+    let Ok(acquired) = crate::proto::AcquireResponse::decode(answer.clone()) else {
+        return;
+    };
+    let decision = acquired.decision();
+    if decision == Decision::AlreadyDone {
+        headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    if !http_semantics {
+        return;
+    }
+    headers.insert(
+        "preference-applied",
+        HeaderValue::from_static(PREFER_HTTP_STATUS),
+    );
+    match decision {
+        Decision::InProgress | Decision::RetryLater => {
+            *status = StatusCode::CONFLICT;
+            let seconds = acquired.retry_after.map_or(0, retry_after_seconds);
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        Decision::Conflict | Decision::Exhausted => *status = StatusCode::UNPROCESSABLE_ENTITY,
+        Decision::Proceed | Decision::AlreadyDone | Decision::Unspecified => {}
+    }
+}
+
+/// A duration rounded up to whole seconds.
+pub(super) fn retry_after_seconds(d: prost_types::Duration) -> u64 {
+    let seconds = d.seconds.max(0).unsigned_abs();
+    if d.nanos > 0 { seconds + 1 } else { seconds }
+}
+
+/// Connect's name for a code.
+fn connect_code(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "ok",
+        Code::Cancelled => "canceled",
+        Code::Unknown => "unknown",
+        Code::InvalidArgument => "invalid_argument",
+        Code::DeadlineExceeded => "deadline_exceeded",
+        Code::NotFound => "not_found",
+        Code::AlreadyExists => "already_exists",
+        Code::PermissionDenied => "permission_denied",
+        Code::ResourceExhausted => "resource_exhausted",
+        Code::FailedPrecondition => "failed_precondition",
+        Code::Aborted => "aborted",
+        Code::OutOfRange => "out_of_range",
+        Code::Unimplemented => "unimplemented",
+        Code::Internal => "internal",
+        Code::Unavailable => "unavailable",
+        Code::DataLoss => "data_loss",
+        Code::Unauthenticated => "unauthenticated",
+    }
+}
+
+/// Connect's JSON error. A refusal of the door's own carries an ErrorInfo
+/// in `debug` only (no bytes to decode), so that the reason is always at
+/// `details[].debug.reason`.
+pub(super) fn refuse(door: &Door, error: &DoorError) -> Response<HttpBody> {
+    super::log_refusal(error);
+    let (_, status) = error.code_and_status();
+    json_response(status, &error_json(&door.schema, error))
+}
+
+/// Connect's error JSON for `error`.
+pub(super) fn error_json(schema: &super::json::Schema, error: &DoorError) -> Value {
+    let (code, _) = error.code_and_status();
+    let details: Vec<Value> = match error {
+        DoorError::Coordinator(status) => {
+            let decoded = tonic_types::pb::Status::decode(status.details()).unwrap_or_default();
+            decoded
+                .details
+                .iter()
+                .map(|any| {
+                    let name = any.type_url.rsplit('/').next().unwrap_or_default();
+                    let mut detail = json!({
+                        "type": name,
+                        "value": STANDARD_NO_PAD.encode(&any.value),
+                    });
+                    if let Some(debug) = schema.any_to_json(&any.type_url, &any.value) {
+                        detail["debug"] = debug;
+                    }
+                    detail
+                })
+                .collect()
+        }
+        other => {
+            let info = tonic_types::pb::ErrorInfo {
+                reason: other.reason(),
+                domain: crate::error::ERROR_DOMAIN.to_owned(),
+                metadata: Default::default(),
+            };
+            vec![json!({
+                "type": "google.rpc.ErrorInfo",
+                "value": STANDARD_NO_PAD.encode(info.encode_to_vec()),
+                "debug": {"reason": info.reason, "domain": info.domain},
+            })]
+        }
+    };
+    let mut body = json!({"code": connect_code(code), "message": error.to_string()});
+    if !details.is_empty() {
+        body["details"] = Value::Array(details);
+    }
+    body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_to_seconds() {
+        let d = |seconds, nanos| prost_types::Duration { seconds, nanos };
+        assert_eq!(retry_after_seconds(d(0, 0)), 0);
+        assert_eq!(retry_after_seconds(d(0, 1)), 1);
+        assert_eq!(retry_after_seconds(d(4, 500_000_000)), 5);
+        assert_eq!(retry_after_seconds(d(7, 0)), 7);
+    }
+
+    #[test]
+    fn the_http_status_preference_is_found_among_others() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "prefer",
+            HeaderValue::from_static("respond-async, idempotency-http-status"),
+        );
+        assert!(prefers_http_status(&h));
+        h.insert("prefer", HeaderValue::from_static("return=minimal"));
+        assert!(!prefers_http_status(&h));
+    }
+}

@@ -1,0 +1,183 @@
+//! The server-streaming methods, Watch and WatchDue, as Server-Sent Events:
+//! `POST /idempotency.v1.Coordinator/Watch` with the request as canonical
+//! JSON (`Content-Type: application/json`, as for unary calls; the Connect
+//! protocol's own streaming content types are not served) answers
+//! `text/event-stream`, one `data:` event per message in canonical JSON, and
+//! an `event: error` whose data is Connect's error JSON if the stream ends
+//! with an error. A call refused before its stream starts is answered as a
+//! unary call's error. `curl -N` and browsers' `EventSource` read it.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf as _, BufMut as _, Bytes, BytesMut};
+use http::{HeaderValue, Method, Request, Response, header};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt as _;
+use hyper::body::Incoming;
+use prost_reflect::MessageDescriptor;
+use tonic::Status;
+
+use super::connect::{Codec, SERVICE_PREFIX, codec, connect_timeout, error_json};
+use super::json::{JsonError, Schema};
+use super::{Door, DoorError, failed};
+use crate::transport::{HttpBody, OpenCall};
+
+pub(super) async fn serve(
+    door: &Door,
+    method: &str,
+    input: &str,
+    output: &str,
+    request: Request<Incoming>,
+    call: OpenCall,
+) -> Result<Response<HttpBody>, DoorError> {
+    if request.method() != Method::POST {
+        return Err(DoorError::MethodNotAllowed);
+    }
+    if codec(request.headers()) != Some(Codec::Json) {
+        return Err(DoorError::MediaType);
+    }
+    let (input, output) = match (
+        door.schema.message(&format!("idempotency.v1.{input}")),
+        door.schema.message(&format!("idempotency.v1.{output}")),
+    ) {
+        (Some(input), Some(output)) => (input, output),
+        _ => return Err(DoorError::NoRoute),
+    };
+    let (parts, body) = request.into_parts();
+    let body = door.read_body(body, &parts.headers).await?;
+    let message = door
+        .schema
+        .json_to_proto(input, &body)
+        .map_err(|e| match e {
+            JsonError::Syntax(m) => DoorError::Syntax(m),
+            JsonError::Shape(m) => DoorError::Shape(m),
+        })?;
+    drop(body);
+    let stream = door
+        .open_call(
+            &format!("{SERVICE_PREFIX}{method}"),
+            &message,
+            &parts.headers,
+            connect_timeout(&parts.headers),
+            call,
+        )
+        .await?;
+    let events = Events {
+        stream,
+        pending: BytesMut::new(),
+        schema: door.schema.clone(),
+        output,
+        done: false,
+    };
+    let mut response = Response::new(events.boxed_unsync());
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    // Proxies that buffer answers would hold the events back.
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    Ok(response)
+}
+
+/// A gRPC answer's messages as Server-Sent Events.
+struct Events {
+    /// The gRPC answer (it keeps the call open until it ends).
+    stream: tonic::body::Body,
+    /// Bytes of a message not yet whole.
+    pending: BytesMut,
+    schema: Schema,
+    output: MessageDescriptor,
+    done: bool,
+}
+
+impl Events {
+    /// The events of the whole messages received so far.
+    fn whole_messages(&mut self) -> Result<Bytes, Status> {
+        let mut out = BytesMut::new();
+        while self.pending.len() >= 5 {
+            let len = u32::from_be_bytes([
+                self.pending[1],
+                self.pending[2],
+                self.pending[3],
+                self.pending[4],
+            ]) as usize;
+            if self.pending.len() < 5 + len {
+                break;
+            }
+            if self.pending[0] != 0 {
+                return Err(Status::internal("a compressed message in the stream"));
+            }
+            self.pending.advance(5);
+            let message = self.pending.split_to(len).freeze();
+            let json = self
+                .schema
+                .proto_to_json(self.output.clone(), message)
+                .map_err(|e| {
+                    tracing::error!(error = %e, "cannot write a streamed message as JSON");
+                    Status::internal("cannot write a message as JSON")
+                })?;
+            out.put_slice(b"data: ");
+            out.put_slice(json.to_string().as_bytes());
+            out.put_slice(b"\n\n");
+        }
+        Ok(out.freeze())
+    }
+
+    fn error_event(&mut self, status: Status) -> Bytes {
+        self.done = true;
+        let json = error_json(&self.schema, &DoorError::Coordinator(status));
+        Bytes::from(format!("event: error\ndata: {json}\n\n"))
+    }
+}
+
+impl Body for Events {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            let frame = match ready!(Pin::new(&mut this.stream).poll_frame(cx)) {
+                None => {
+                    this.done = true;
+                    return Poll::Ready(None);
+                }
+                Some(Err(status)) => {
+                    return Poll::Ready(Some(Ok(Frame::data(this.error_event(status)))));
+                }
+                Some(Ok(frame)) => frame,
+            };
+            match frame.into_data() {
+                Ok(data) => {
+                    this.pending.extend_from_slice(&data);
+                    match this.whole_messages() {
+                        Ok(events) if events.is_empty() => {}
+                        Ok(events) => return Poll::Ready(Some(Ok(Frame::data(events)))),
+                        Err(status) => {
+                            return Poll::Ready(Some(Ok(Frame::data(this.error_event(status)))));
+                        }
+                    }
+                }
+                Err(frame) => {
+                    this.done = true;
+                    if let Some(trailers) = frame.trailers_ref()
+                        && let Err(status) = failed(trailers)
+                    {
+                        return Poll::Ready(Some(Ok(Frame::data(this.error_event(status)))));
+                    }
+                    return Poll::Ready(None);
+                }
+            }
+        }
+    }
+}
