@@ -434,13 +434,17 @@ async fn try_complete(
     let completed = CompleteResponse::decode(answer)
         .map_err(|_| DoorError::Coordinator(tonic::Status::internal("unreadable answer")))?;
     let record = completed.record.unwrap_or_default();
+    // The coordinator's own status says what the seed's vocabulary cannot:
+    // a FAILED on the last attempt is FAILED_PERMANENT, and is not retried.
+    let coordinator_status = record.status().as_str_name();
     let mut body = json!({
         "ok": true,
         "status": final_status.name(),
         "attempt_count": record.attempt_count,
         "record_status": old_status_of(&record),
+        "coordinator_status": coordinator_status.strip_prefix("STATUS_").unwrap_or(coordinator_status),
     });
-    if final_status == FinalStatus::Failed {
+    if final_status == FinalStatus::Failed && record.status() == proto::Status::Failed {
         body["retry_after_seconds"] = json!(delay);
         body["next_retry_at"] = rfc3339(record.next_retry_at.as_ref());
     }

@@ -158,6 +158,7 @@ async fn n8n_failures_back_off_by_the_documented_figures_from_string_numbers() {
             (&json!(true), &json!("FAILED"))
         );
         assert_eq!(failed["retry_after_seconds"], expected);
+        assert_eq!(failed["coordinator_status"], "FAILED");
 
         let record = get_record(&mut grpc, get_req("your_workflow_name", &key)).await;
         assert_eq!(status_of(&record), Status::Failed);
@@ -229,6 +230,9 @@ async fn an_exhausted_record_answers_conflict_and_says_why() {
     )
     .await;
     assert_eq!(failed["ok"], true, "{failed}");
+    // The last attempt: failed for good, so no retry is promised.
+    assert_eq!(failed["coordinator_status"], "FAILED_PERMANENT", "{failed}");
+    assert_eq!(failed.get("retry_after_seconds"), None, "{failed}");
     let (_, _, answer) = post(&http, &format!("{url}/acquire"), &acquire_once).await;
     assert_eq!(answer["decision"], "CONFLICT", "{answer}");
     assert_eq!(answer["coordinator_decision"], "EXHAUSTED");
