@@ -46,7 +46,7 @@ const UNARY: [(&str, &str, &str); 5] = [
 ];
 
 /// The server-streaming methods, answered as Server-Sent Events.
-const STREAMING: [(&str, &str, &str); 2] = [
+pub(super) const STREAMING: [(&str, &str, &str); 2] = [
     ("Watch", "WatchRequest", "WatchEvent"),
     ("WatchDue", "WatchDueRequest", "DueRecord"),
 ];
@@ -104,12 +104,7 @@ async fn answer(
     call: OpenCall,
 ) -> Result<Response<HttpBody>, DoorError> {
     let Some(&(method, input, output)) = UNARY.iter().find(|(name, ..)| *name == rpc) else {
-        return match STREAMING.iter().find(|(name, ..)| *name == rpc) {
-            Some(&(method, input, output)) => {
-                super::events::serve(door, method, input, output, request, call).await
-            }
-            None => Err(DoorError::NoRoute),
-        };
+        return Err(DoorError::NoRoute);
     };
     if request.method() != Method::POST {
         return Err(DoorError::MethodNotAllowed);

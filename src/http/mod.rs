@@ -99,7 +99,16 @@ impl Door {
         let path = request.uri().path().to_owned();
         let method = request.method().clone();
         if let Some(rpc) = path.strip_prefix(connect::SERVICE_PREFIX) {
-            return connect::serve(&self, rpc, request, call).await;
+            // The streaming methods as Server-Sent Events, the rest in
+            // Connect's unary shape; both answer errors in Connect's JSON.
+            return match connect::STREAMING.iter().find(|(name, ..)| *name == rpc) {
+                Some(&(method, input, output)) => {
+                    events::serve(&self, method, input, output, request, call)
+                        .await
+                        .unwrap_or_else(|e| connect::refuse(&self, &e))
+                }
+                None => connect::serve(&self, rpc, request, call).await,
+            };
         }
         match (path.as_str(), method) {
             ("/acquire", Method::POST) => workflow::acquire(&self, request, call).await,
