@@ -52,8 +52,8 @@
 //!   gRPC: `http::workflow` (the n8n idempotency service's `/acquire`,
 //!   `/complete` and `/health`, read as n8n renders them), `http::connect`
 //!   (every unary RPC in the Connect protocol's shape, canonical proto3
-//!   JSON) and `http::json` (that JSON, by reflection over the embedded
-//!   descriptors). Each request becomes an in-process gRPC call through
+//!   JSON), `http::events` (Watch and WatchDue as Server-Sent Events) and
+//!   `http::json` (that JSON, by reflection over the embedded descriptors). Each request becomes an in-process gRPC call through
 //!   `transport`'s admission, so nothing about callers is decided twice.
 //! - [`startup`]: builds the server (Coordinator, health, reflection) exactly
 //!   as production and tests run it, and wires the listener's state to
