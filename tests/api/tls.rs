@@ -2,66 +2,15 @@
 //! plaintext and untrusting clients are refused, and with mutual TLS so are
 //! clients without a certificate.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use idempotency_coordinator::config::ServeConfig;
 use idempotency_coordinator::proto::{Decision, coordinator_client::CoordinatorClient};
 use idempotency_coordinator::startup::Application;
 use idempotency_coordinator::tls::TlsFiles;
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 use crate::helpers::*;
-
-/// A CA and a certificate it signed, as PEM.
-struct Pki {
-    ca: String,
-    cert: String,
-    key: String,
-}
-
-fn pki(names: &[&str]) -> Pki {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca_params, ca_key);
-    let key = KeyPair::generate().unwrap();
-    let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
-    let cert = CertificateParams::new(names)
-        .unwrap()
-        .signed_by(&key, &issuer)
-        .unwrap();
-    Pki {
-        ca: ca.pem(),
-        cert: cert.pem(),
-        key: key.serialize_pem(),
-    }
-}
-
-/// PEM files in a directory of their own, removed on drop.
-struct Files(PathBuf);
-
-impl Files {
-    fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!("idem-tls-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&dir).unwrap();
-        Files(dir)
-    }
-
-    fn write(&self, name: &str, pem: &str) -> PathBuf {
-        let path = self.0.join(name);
-        std::fs::write(&path, pem).unwrap();
-        path
-    }
-}
-
-impl Drop for Files {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A TLS server on a fresh database, until dropped.
 async fn tls_server(
@@ -108,7 +57,7 @@ async fn a_client_that_trusts_the_ca_connects_and_others_are_refused() {
     let db = TestDatabase::create().await;
     let server_pki = pki(&["localhost", "127.0.0.1"]);
     let stranger = pki(&["localhost"]);
-    let files = Files::new();
+    let files = PemFiles::new();
     let (serving, _tls) = tls_server(
         &db,
         TlsFiles {
@@ -145,7 +94,7 @@ async fn with_mutual_tls_a_client_needs_a_certificate_from_the_client_ca() {
     let server_pki = pki(&["localhost"]);
     let client_pki = pki(&["client.example"]);
     let stranger = pki(&["client.example"]);
-    let files = Files::new();
+    let files = PemFiles::new();
     let (serving, _tls) = tls_server(
         &db,
         TlsFiles {
@@ -176,7 +125,7 @@ async fn certificates_are_read_again_on_reload_and_a_bad_file_changes_nothing() 
     let db = TestDatabase::create().await;
     let old = pki(&["localhost"]);
     let new = pki(&["localhost"]);
-    let files = Files::new();
+    let files = PemFiles::new();
     let tls_files = TlsFiles {
         cert: files.write("server.pem", &old.cert),
         key: files.write("server.key", &old.key),
@@ -207,7 +156,7 @@ async fn certificates_are_read_again_on_reload_and_a_bad_file_changes_nothing() 
 async fn the_http_port_serves_http1_and_http2_over_tls_by_alpn() {
     let db = TestDatabase::create().await;
     let server_pki = pki(&["localhost", "127.0.0.1"]);
-    let files = Files::new();
+    let files = PemFiles::new();
     let mut config = ServeConfig::new("127.0.0.1:0".parse().unwrap(), db.url.clone());
     config.http_listen = Some("127.0.0.1:0".parse().unwrap());
     config.tls = Some(TlsFiles {

@@ -7,6 +7,8 @@
 #[path = "../api/helpers/database.rs"]
 #[allow(dead_code)]
 mod database;
+#[path = "../api/helpers/pki.rs"]
+mod pki;
 #[path = "../api/helpers/polling.rs"]
 mod polling;
 #[path = "../api/helpers/process.rs"]

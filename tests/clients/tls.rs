@@ -2,72 +2,24 @@
 //! through the CA it is given, and presents its own certificate for mutual
 //! TLS; without one it is refused.
 
-use std::path::PathBuf;
-
 use idempotency_client::{
     Client, ClientOptions, Fingerprint, RunOnceError, RunOptions, TlsOptions, WorkError,
 };
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 
 use crate::database::TestDatabase;
+use crate::pki::{PemFiles, pki};
 use crate::process::ServerProcess;
-
-/// A CA, and two certificates it signed (PEM): the server's and a client's.
-struct Pki {
-    ca: String,
-    server: (String, String),
-    client: (String, String),
-}
-
-fn pki() -> Pki {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca_params, ca_key);
-    let sign = |name: &str| {
-        let key = KeyPair::generate().unwrap();
-        let cert = CertificateParams::new(vec![name.to_owned()])
-            .unwrap()
-            .signed_by(&key, &issuer)
-            .unwrap();
-        (cert.pem(), key.serialize_pem())
-    };
-    Pki {
-        ca: ca.pem(),
-        server: sign("localhost"),
-        client: sign("billing-service"),
-    }
-}
-
-/// PEM files in a directory of their own, removed on drop.
-struct Files(PathBuf);
-
-impl Files {
-    fn write(&self, name: &str, pem: &str) -> String {
-        let path = self.0.join(name);
-        std::fs::write(&path, pem).unwrap();
-        path.to_str().unwrap().to_owned()
-    }
-}
-
-impl Drop for Files {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_mutual_tls_a_client_with_a_certificate_runs_and_one_without_is_refused() {
-    let pki = pki();
-    let files =
-        Files(std::env::temp_dir().join(format!("idem-client-tls-{}", uuid::Uuid::new_v4())));
-    std::fs::create_dir_all(&files.0).unwrap();
-    let (cert, key, ca) = (
-        files.write("server.pem", &pki.server.0),
-        files.write("server.key", &pki.server.1),
-        files.write("ca.pem", &pki.ca),
-    );
+    let (server_pki, client_pki) = (pki(&["localhost"]), pki(&["billing-service"]));
+    let files = PemFiles::new();
+    let [cert, key, ca] = [
+        files.write("server.pem", &server_pki.cert),
+        files.write("server.key", &server_pki.key),
+        files.write("clients.pem", &client_pki.ca),
+    ]
+    .map(|path| path.display().to_string());
     let db = TestDatabase::create().await;
     let server = ServerProcess::start_with(
         &db.url,
@@ -83,7 +35,7 @@ async fn over_mutual_tls_a_client_with_a_certificate_runs_and_one_without_is_ref
     .await;
     let endpoint = format!("https://{}", server.addr);
     let tls = TlsOptions {
-        ca_pem: Some(pki.ca.clone()),
+        ca_pem: Some(server_pki.ca.clone()),
         domain: Some("localhost".into()),
         ..TlsOptions::default()
     };
@@ -92,8 +44,8 @@ async fn over_mutual_tls_a_client_with_a_certificate_runs_and_one_without_is_ref
         endpoint.clone(),
         ClientOptions {
             tls: Some(TlsOptions {
-                client_cert_pem: Some(pki.client.0.clone()),
-                client_key_pem: Some(pki.client.1.clone()),
+                client_cert_pem: Some(client_pki.cert.clone()),
+                client_key_pem: Some(client_pki.key.clone()),
                 ..tls.clone()
             }),
             ..ClientOptions::default()

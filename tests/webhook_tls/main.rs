@@ -10,70 +10,24 @@
 #[path = "../api/helpers/database.rs"]
 mod database;
 #[allow(dead_code)]
+#[path = "../api/helpers/pki.rs"]
+mod pki;
+#[allow(dead_code)]
 #[path = "../api/helpers/process.rs"]
 mod process;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use idempotency_coordinator::proto::{self, complete_request::Outcome};
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::{self, pki_types::PrivateKeyDer, pki_types::pem::PemObject};
 
 use database::TestDatabase;
+use pki::{PemFiles, Pki, pki};
 use process::{Launch, ServerProcess};
-
-/// A CA and a certificate for 127.0.0.1 it signed, as PEM.
-struct Pki {
-    ca: String,
-    cert: String,
-    key: String,
-}
-
-fn pki() -> Pki {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca_params, ca_key);
-    let key = KeyPair::generate().unwrap();
-    let cert = CertificateParams::new(vec!["127.0.0.1".to_owned()])
-        .unwrap()
-        .signed_by(&key, &issuer)
-        .unwrap();
-    Pki {
-        ca: ca.pem(),
-        cert: cert.pem(),
-        key: key.serialize_pem(),
-    }
-}
-
-/// PEM files in a directory of their own, removed on drop.
-struct Files(PathBuf);
-
-impl Files {
-    fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!("idem-webhook-tls-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&dir).unwrap();
-        Files(dir)
-    }
-
-    fn write(&self, name: &str, pem: &str) -> String {
-        let path = self.0.join(name);
-        std::fs::write(&path, pem).unwrap();
-        path.to_str().unwrap().to_owned()
-    }
-}
-
-impl Drop for Files {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// What the receiver saw on one connection.
 #[derive(Debug)]
@@ -210,9 +164,9 @@ async fn make_due(server: &ServerProcess, key: &str) {
 #[tokio::test]
 async fn a_due_record_reaches_an_https_webhook_signed_by_the_given_ca() {
     let db = TestDatabase::create().await;
-    let pki = pki();
-    let files = Files::new();
-    let ca = files.write("ca.pem", &pki.ca);
+    let pki = pki(&["127.0.0.1"]);
+    let files = PemFiles::new();
+    let ca = files.write("ca.pem", &pki.ca).display().to_string();
     let mut hook = TlsWebhook::start(&pki).await;
     let server = ServerProcess::start_with(
         &db.url,
@@ -242,10 +196,10 @@ async fn a_due_record_reaches_an_https_webhook_signed_by_the_given_ca() {
 #[tokio::test]
 async fn an_https_webhook_whose_certificate_is_not_trusted_gets_nothing() {
     let db = TestDatabase::create().await;
-    let (ours, stranger) = (pki(), pki());
-    let files = Files::new();
+    let (ours, stranger) = (pki(&["127.0.0.1"]), pki(&["127.0.0.1"]));
+    let files = PemFiles::new();
     // The server trusts only the stranger's CA, as its system roots.
-    let roots = files.write("roots.pem", &stranger.ca);
+    let roots = files.write("roots.pem", &stranger.ca).display().to_string();
     let system = [("SSL_CERT_FILE", roots.as_str()), ("SSL_CERT_DIR", "")];
     let mut hook = TlsWebhook::start(&ours).await;
     let server = ServerProcess::launch(
@@ -306,8 +260,11 @@ async fn refused(flags: &[&str], env: &[(&str, &str)]) -> String {
 
 #[tokio::test]
 async fn a_webhook_that_cannot_work_stops_the_server_at_start() {
-    let files = Files::new();
-    let not_pem = files.write("not.pem", "no certificate here\n");
+    let files = PemFiles::new();
+    let not_pem = files
+        .write("not.pem", "no certificate here\n")
+        .display()
+        .to_string();
     let missing = files.0.join("missing.pem");
     let missing = missing.to_str().unwrap();
     let https = "https://127.0.0.1:9/recover";
@@ -355,8 +312,8 @@ async fn an_http_webhook_needs_no_root_certificates() {
     // no SSL_CERT_DIR): an https:// webhook cannot be verified and is
     // refused at start, while an http:// one loads no roots and starts.
     let db = TestDatabase::create().await;
-    let files = Files::new();
-    let empty = files.write("empty.pem", "");
+    let files = PemFiles::new();
+    let empty = files.write("empty.pem", "").display().to_string();
     let system = [("SSL_CERT_FILE", empty.as_str()), ("SSL_CERT_DIR", "")];
     let stderr = refused(
         &["--recovery-webhook", "https://127.0.0.1:9/recover"],
