@@ -121,13 +121,7 @@ async fn answer(
         .message(&format!("idempotency.v1.{output}"))
         .ok_or(DoorError::NoRoute)?;
     let message = match codec {
-        Codec::Json => door
-            .schema
-            .json_to_proto(input, &body)
-            .map_err(|e| match e {
-                super::json::JsonError::Syntax(m) => DoorError::Syntax(m),
-                super::json::JsonError::Shape(m) => DoorError::Shape(m),
-            })?,
+        Codec::Json => door.schema.json_to_proto(input, &body)?,
         Codec::Proto => body.to_vec(),
     };
     drop(body);

@@ -20,7 +20,7 @@ use prost_reflect::MessageDescriptor;
 use tonic::Status;
 
 use super::connect::{Codec, SERVICE_PREFIX, codec, connect_timeout, error_json};
-use super::json::{JsonError, Schema};
+use super::json::Schema;
 use super::{Door, DoorError, failed};
 use crate::transport::{HttpBody, OpenCall};
 
@@ -47,13 +47,7 @@ pub(super) async fn serve(
     };
     let (parts, body) = request.into_parts();
     let body = door.read_body(body, &parts.headers).await?;
-    let message = door
-        .schema
-        .json_to_proto(input, &body)
-        .map_err(|e| match e {
-            JsonError::Syntax(m) => DoorError::Syntax(m),
-            JsonError::Shape(m) => DoorError::Shape(m),
-        })?;
+    let message = door.schema.json_to_proto(input, &body)?;
     drop(body);
     let stream = door
         .open_call(

@@ -271,6 +271,15 @@ impl From<Status> for DoorError {
     }
 }
 
+impl From<json::JsonError> for DoorError {
+    fn from(error: json::JsonError) -> Self {
+        match error {
+            json::JsonError::Syntax(m) => DoorError::Syntax(m),
+            json::JsonError::Shape(m) => DoorError::Shape(m),
+        }
+    }
+}
+
 impl DoorError {
     /// The gRPC code that says the same, and the HTTP status it is
     /// answered with: the Connect protocol's mapping of codes to statuses,
