@@ -76,12 +76,7 @@ class AsyncLeaseContext:
         self.checkpoint = bytes(checkpoint)
 
     def _extend_request(self, sent: float) -> pb.ExtendLeaseRequest:
-        return pb.ExtendLeaseRequest(
-            scope=self.scope,
-            key=self.key,
-            lease_token=self.token,
-            extend_by=c.extension(sent - self._granted_at),
-        )
+        return c.extend_request(self.scope, self.key, self.token, sent - self._granted_at)
 
     def _mark_lost(self, reason: LeaseLost) -> None:
         if self._stopped:

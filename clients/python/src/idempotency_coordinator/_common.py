@@ -55,12 +55,17 @@ MIN_EXTENSION = datetime.timedelta(seconds=1)
 """The shortest ExtendLease the server accepts."""
 
 
-def extension(since_granted: float) -> Duration:
-    """ExtendLease's ``extend_by``: the seconds since the expiry the server
+def extend_request(scope: str, key: str, token: str, since_granted: float) -> pb.ExtendLeaseRequest:
+    """A heartbeat's ExtendLease: by the seconds since the expiry the server
     last granted was asked for (at least the server's minimum). The new
     expiry is the old one plus that, so the lease stays about one TTL ahead
     of now instead of growing by a TTL at every heartbeat."""
-    return to_duration(max(datetime.timedelta(seconds=since_granted), MIN_EXTENSION))
+    return pb.ExtendLeaseRequest(
+        scope=scope,
+        key=key,
+        lease_token=token,
+        extend_by=to_duration(max(datetime.timedelta(seconds=since_granted), MIN_EXTENSION)),
+    )
 
 
 @dataclass(frozen=True)

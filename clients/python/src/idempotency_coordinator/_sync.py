@@ -76,12 +76,7 @@ class LeaseContext:
 
     def _extend(self, checkpoint: Optional[bytes]) -> None:
         sent = time.monotonic()
-        req = pb.ExtendLeaseRequest(
-            scope=self.scope,
-            key=self.key,
-            lease_token=self.token,
-            extend_by=c.extension(sent - self._granted_at),
-        )
+        req = c.extend_request(self.scope, self.key, self.token, sent - self._granted_at)
         if checkpoint is not None:
             req.checkpoint = checkpoint
         try:
@@ -105,12 +100,7 @@ class LeaseContext:
 
     def _beat_request(self) -> pb.ExtendLeaseRequest:
         self._beat_sent = time.monotonic()
-        return pb.ExtendLeaseRequest(
-            scope=self.scope,
-            key=self.key,
-            lease_token=self.token,
-            extend_by=c.extension(self._beat_sent - self._granted_at),
-        )
+        return c.extend_request(self.scope, self.key, self.token, self._beat_sent - self._granted_at)
 
     def _beat_done(self, fut: Any) -> float:
         """Handle one heartbeat's answer; returns seconds until the next one,
