@@ -283,13 +283,7 @@ pub(crate) async fn http_cycle(args: &Args, target: &Target, run: &str) -> bool 
             })
         })
         .collect();
-    let mut stats = CycleStats {
-        cycles: 0,
-        elapsed: Duration::ZERO,
-        cycle: histogram(),
-        acquire: histogram(),
-        complete: histogram(),
-    };
+    let mut stats = CycleStats::empty();
     let mut failures = Failures::new();
     for task in tasks {
         let (done, cycle_h, acquire_h, complete_h, theirs) = task.await.expect("connection task");

@@ -177,13 +177,7 @@ pub(crate) async fn cycles_until(
             })
         })
         .collect();
-    let mut stats = CycleStats {
-        cycles: 0,
-        elapsed: Duration::ZERO,
-        cycle: histogram(),
-        acquire: histogram(),
-        complete: histogram(),
-    };
+    let mut stats = CycleStats::empty();
     for task in tasks {
         let (count, cycle, acquire_h, complete_h) = task.await.expect("client task");
         stats.cycles += count;

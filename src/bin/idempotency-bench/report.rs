@@ -39,6 +39,19 @@ pub(crate) struct CycleStats {
     pub(crate) complete: Histogram<u64>,
 }
 
+impl CycleStats {
+    /// No cycles yet: the clients' histograms are added in as they finish.
+    pub(crate) fn empty() -> Self {
+        CycleStats {
+            cycles: 0,
+            elapsed: Duration::ZERO,
+            cycle: histogram(),
+            acquire: histogram(),
+            complete: histogram(),
+        }
+    }
+}
+
 /// Calls per second and their latency, for scenarios of single calls.
 pub(crate) struct CallStats {
     pub(crate) calls: u64,
