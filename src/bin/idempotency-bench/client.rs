@@ -48,16 +48,21 @@ pub(crate) fn waiting(scope: &str, key: &str) -> AcquireRequest {
     }
 }
 
-pub(crate) async fn connect(target: &str, n: usize) -> Vec<Client> {
-    let mut clients = Vec::with_capacity(n);
+/// `n` HTTP/2 connections to each of `targets`, interleaved (the first to
+/// each target, then the second to each, …), so clients taken in turn are
+/// spread evenly over the targets.
+pub(crate) async fn connect(targets: &[String], n: usize) -> Vec<Client> {
+    let mut clients = Vec::with_capacity(n.max(1) * targets.len());
     for _ in 0..n.max(1) {
-        let channel = Channel::from_shared(format!("http://{target}"))
-            .expect("a valid target address")
-            .tcp_nodelay(true)
-            .connect()
-            .await
-            .unwrap_or_else(|e| panic!("cannot connect to {target}: {e}"));
-        clients.push(CoordinatorClient::new(channel));
+        for target in targets {
+            let channel = Channel::from_shared(format!("http://{target}"))
+                .expect("a valid target address")
+                .tcp_nodelay(true)
+                .connect()
+                .await
+                .unwrap_or_else(|e| panic!("cannot connect to {target}: {e}"));
+            clients.push(CoordinatorClient::new(channel));
+        }
     }
     clients
 }

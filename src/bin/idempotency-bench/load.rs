@@ -10,12 +10,20 @@ use idempotency_coordinator::proto::Decision;
 
 use crate::Args;
 use crate::client::{Client, Driver};
+use crate::cost::Meter;
 use crate::report::{CallStats, CycleStats, histogram, ms, report, report_cycles};
 
 /// `cycle`: Acquire + Complete on fresh keys, over gRPC and then (with `sql`)
 /// on the baseline; returns the gRPC cycles per second.
-pub(crate) async fn cycle(args: &Args, grpc: &[Driver], sql: Option<&[Driver]>, run: &str) -> f64 {
+pub(crate) async fn cycle(
+    args: &Args,
+    grpc: &[Driver],
+    sql: Option<&[Driver]>,
+    run: &str,
+    meter: &Meter,
+) -> f64 {
     let seconds = Duration::from_secs(args.seconds);
+    let before = meter.read().await;
     let stats = cycles_until(
         grpc,
         args.clients,
@@ -25,6 +33,7 @@ pub(crate) async fn cycle(args: &Args, grpc: &[Driver], sql: Option<&[Driver]>, 
         args.rate,
     )
     .await;
+    let cost = meter.report("cycle", &before, stats.cycles).await;
     let extra = match sql {
         Some(sql) => {
             let base = cycles_until(
@@ -49,7 +58,7 @@ pub(crate) async fn cycle(args: &Args, grpc: &[Driver], sql: Option<&[Driver]>, 
         }
         None => String::new(),
     };
-    report_cycles("cycle", args, &stats, &extra)
+    report_cycles("cycle", args, &stats, &format!("{extra}{cost}"))
 }
 
 /// `replay` (Acquire on 1,000 keys already SUCCEEDED) or `contend` (all
@@ -61,6 +70,7 @@ pub(crate) async fn replay_or_contend(
     sql: Option<&[Driver]>,
     run: &str,
     contend: bool,
+    meter: &Meter,
 ) {
     let seconds = Duration::from_secs(args.seconds);
     let (name, scope, count) = if contend {
@@ -78,6 +88,7 @@ pub(crate) async fn replay_or_contend(
                 .await;
         }
     }
+    let before = meter.read().await;
     let stats = acquires(
         grpc,
         args.clients,
@@ -87,6 +98,7 @@ pub(crate) async fn replay_or_contend(
         contend,
     )
     .await;
+    let cost = meter.report(name, &before, stats.calls).await;
     let mut extra = String::new();
     if let Some(sql) = sql {
         let base = acquires(sql, args.clients, seconds, scope, keys, contend).await;
@@ -101,7 +113,13 @@ pub(crate) async fn replay_or_contend(
             stats.per_s() / base.per_s()
         );
     }
-    report(name, args, stats.per_s(), &stats.latency, &extra);
+    report(
+        name,
+        args,
+        stats.per_s(),
+        &stats.latency,
+        &format!("{extra}{cost}"),
+    );
 }
 
 /// Acquire + Complete on fresh keys, `clients` at a time, for `duration`.

@@ -27,6 +27,11 @@
 //!   reports the sweep's duration and the slowest client call meanwhile;
 //! - `idle-connections`: opens `--waiters` HTTP/2 connections that make no
 //!   call; with `--server-pid`, reports what each costs the server;
+//! - `limit`: the figure `cycle` is held against, the cheapest possible
+//!   Acquire + Complete in SQL (`bench/limit/`) driven by pgbench with as
+//!   many clients for as long (`--limit-database-url`); after a `cycle`,
+//!   reports the ratio of the two. `cycle,limit,cycle,limit,cycle,limit`
+//!   alternates them;
 //! - `http-cycle`: the cycle an n8n workflow makes, over the HTTP door
 //!   (`--http-target`) rather than gRPC: `POST /acquire`, then
 //!   `POST /complete` with `final_status: DONE`, on fresh keys, one cycle at
@@ -49,9 +54,11 @@
 
 mod baseline;
 mod client;
+mod cost;
 mod history;
 mod http_cycle;
 mod idle;
+mod limit;
 mod load;
 mod recorder;
 mod report;
@@ -67,9 +74,10 @@ use client::{Driver, connect};
 #[derive(Debug, Parser)]
 #[command(about = "Drives a running idempotency coordinator and reports what it sustains.")]
 struct Args {
-    /// The coordinator's address.
+    /// The coordinator's address; repeat it for replicas of one database,
+    /// and the clients are spread evenly over them.
     #[arg(long, default_value = "127.0.0.1:50051")]
-    target: String,
+    target: Vec<String>,
     /// The coordinator's HTTP door (`--http-listen`), for `http-cycle`.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     http_target: String,
@@ -118,10 +126,21 @@ struct Args {
     /// clients) instead of as fast as it goes, to read latency at a given load.
     #[arg(long)]
     rate: Option<f64>,
-    /// The server's process id, when it runs on this machine: `wait` then
-    /// reports the server's resident memory while every waiter is parked.
+    /// The server's process id, when it runs on this machine (repeat it for
+    /// replicas): timed scenarios then report its CPU time per operation, and
+    /// `wait` the first one's resident memory while every waiter is parked.
     #[arg(long)]
-    server_pid: Option<u32>,
+    server_pid: Vec<u32>,
+    /// A replica's `--metrics-listen` address (host:port; repeat it for
+    /// replicas): timed scenarios then report the size of its batches.
+    #[arg(long)]
+    metrics: Vec<String>,
+    /// The database `limit` runs pgbench against (created if missing).
+    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/limit")]
+    limit_database_url: String,
+    /// The pgbench that `limit` runs.
+    #[arg(long, default_value = "pgbench")]
+    pgbench: std::path::PathBuf,
     /// Write every call of `cycle` and `contend` to this file as a history
     /// (JSON lines), for `check-history`.
     #[arg(long)]
@@ -165,6 +184,7 @@ enum Scenario {
     Sweep,
     IdleConnections,
     HttpCycle,
+    Limit,
 }
 
 /// A distinct prefix per run, so runs against one database never collide.
@@ -186,7 +206,10 @@ async fn main() {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     // gRPC connections only when a scenario speaks gRPC, so that
     // `http-cycle` alone needs nothing but the HTTP door.
-    let speaks_grpc = args.scenario.iter().any(|s| *s != Scenario::HttpCycle);
+    let speaks_grpc = args
+        .scenario
+        .iter()
+        .any(|s| !matches!(s, Scenario::HttpCycle | Scenario::Limit));
     let clients = if speaks_grpc {
         connect(&args.target, args.connections).await
     } else {
@@ -201,8 +224,11 @@ async fn main() {
     let run = run_id();
     if speaks_grpc {
         println!(
-            "target {} · {} clients over {} connections · {} s per timed scenario · {cores} cores here",
-            args.target, args.clients, args.connections, args.seconds,
+            "target {} · {} clients over {} connections each · {} s per timed scenario · {cores} cores here",
+            args.target.join(", "),
+            args.clients,
+            args.connections,
+            args.seconds,
         );
     }
     if http.is_some() {
@@ -233,18 +259,27 @@ async fn main() {
     } else {
         None
     };
+    // The server's database (for its commits and WAL), when named.
+    let meter = cost::Meter::new(
+        &args.server_pid,
+        args.database_url.as_deref(),
+        &args.metrics,
+    )
+    .await;
+    let mut limit_meter = None;
     let mut plain = None;
     for (n, scenario) in args.scenario.iter().enumerate() {
         // Keys unique to this run and this step of it.
         let run = format!("{run}-{n}");
         match scenario {
             Scenario::Cycle => {
-                plain = Some(load::cycle(&args, &recorded, sql.as_deref(), &run).await);
+                plain = Some(load::cycle(&args, &recorded, sql.as_deref(), &run, &meter).await);
             }
             Scenario::Replay | Scenario::Contend => {
                 let contend = *scenario == Scenario::Contend;
                 let drivers = if contend { &recorded } else { &grpc };
-                load::replay_or_contend(&args, drivers, sql.as_deref(), &run, contend).await;
+                load::replay_or_contend(&args, drivers, sql.as_deref(), &run, contend, &meter)
+                    .await;
             }
             Scenario::CycleBesideWaiters => {
                 let beside = waiters::cycle_beside_waiters(&args, &clients, &run).await;
@@ -259,6 +294,31 @@ async fn main() {
             Scenario::Wait => waiters::wait_release(&args, &clients, &run).await,
             Scenario::Sweep => sweep::sweep_under_load(&args, &clients, &run).await,
             Scenario::IdleConnections => idle::idle_connections(&args).await,
+            Scenario::Limit => {
+                if limit_meter.is_none() {
+                    if let Err(e) = limit::prepare(&args.limit_database_url).await {
+                        eprintln!("limit: {e}");
+                        std::process::exit(2);
+                    }
+                    limit_meter =
+                        Some(cost::Meter::new(&[], Some(&args.limit_database_url), &[]).await);
+                }
+                let meter = limit_meter.as_ref().expect("set above");
+                match limit::limit(&args, meter).await {
+                    Ok(limit) => {
+                        if let Some(plain) = plain {
+                            println!(
+                                "cycle ÷ limit: {:.2} (the coordinator's last cycle, {plain:.0}/s, against {limit:.0}/s)",
+                                plain / limit
+                            );
+                        }
+                    }
+                    Err(e) => {
+                        eprintln!("limit: {e}");
+                        std::process::exit(1);
+                    }
+                }
+            }
             Scenario::HttpCycle => {
                 let target = http.as_ref().expect("parsed above");
                 all_cycles_succeeded &= http_cycle::http_cycle(&args, target, &run).await;

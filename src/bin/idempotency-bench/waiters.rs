@@ -103,7 +103,7 @@ pub(crate) async fn wait_release(args: &Args, clients: &[Client], run: &str) {
         .collect();
     // Let every waiter reach the server and park.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let rss = args.server_pid.and_then(resident_mib);
+    let rss = args.server_pid.first().copied().and_then(resident_mib);
     if let Some(rss) = rss {
         println!(
             "wait: server resident memory with {} waiters parked: {rss:.1} MiB",

@@ -1,0 +1,342 @@
+//! What a timed scenario cost, per cycle (or per call): CPU time of the
+//! benchmark itself, of each server (`--server-pid`), of PostgreSQL (every
+//! process named `postgres` on this machine) and of a driver run as a child
+//! (`pgbench`); the server's context switches; and, with a database, what
+//! PostgreSQL did: commits, statements (when `pg_stat_statements` is loaded),
+//! WAL records, bytes and flushes. With `--metrics`, the calls each
+//! replica's batches carried.
+//!
+//! Read from /proc (Linux) before and after the scenario, so they include
+//! whatever else the machine ran meanwhile: measure on a quiet machine.
+
+use std::fmt::Write as _;
+
+/// CPU seconds of process `pid` (user + system, all its threads), and of its
+/// children that ended and were waited for.
+fn cpu_seconds(pid: &str) -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name, which may itself hold spaces.
+    let fields: Vec<&str> = stat.get(stat.rfind(')')? + 2..)?.split(' ').collect();
+    let field = |i: usize| fields.get(i)?.parse::<u64>().ok();
+    let own = field(11)? + field(12)?;
+    let children = field(13)? + field(14)?;
+    Some((own as f64 / clock_ticks(), children as f64 / clock_ticks()))
+}
+
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks > 0 { ticks as f64 } else { 100.0 }
+}
+
+/// Voluntary and involuntary context switches of every thread of `pid`.
+fn context_switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter(|line| line.contains("ctxt_switches:"))
+                .filter_map(|line| line.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
+/// CPU seconds of every process named `postgres` (the postmaster, its
+/// backends and its background workers), and of the backends that ended (a
+/// pgbench client's), which the postmaster counts as its children's.
+fn postgres_seconds() -> f64 {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    procs
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().into_string().ok()?;
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+            let (own, children) = (comm.trim_end() == "postgres").then(|| cpu_seconds(&pid))??;
+            Some(own + children)
+        })
+        .sum()
+}
+
+/// CPU seconds of finished children of this process (a `pgbench` run).
+fn children_seconds() -> f64 {
+    // SAFETY: getrusage writes into the struct it is given.
+    let usage = unsafe {
+        let mut usage = std::mem::zeroed::<libc::rusage>();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage);
+        usage
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
+}
+
+/// The machine's busy and total CPU seconds, from /proc/stat.
+fn machine_seconds() -> (f64, f64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    let total: u64 = ticks.iter().sum();
+    let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+    let hz = clock_ticks();
+    ((total - idle) as f64 / hz, total as f64 / hz)
+}
+
+/// PostgreSQL's own counters for the benchmark's database.
+#[derive(Clone, Copy, Default)]
+struct Database {
+    commits: i64,
+    statements: Option<i64>,
+    wal_records: i64,
+    wal_bytes: i64,
+    wal_syncs: i64,
+}
+
+async fn database(client: &tokio_postgres::Client) -> Option<Database> {
+    let row = client
+        .query_one(
+            "SELECT d.xact_commit, w.wal_records, w.wal_bytes::bigint, w.wal_sync \
+               FROM pg_stat_database d, pg_stat_wal w WHERE d.datname = current_database()",
+            &[],
+        )
+        .await
+        .ok()?;
+    // Statements per cycle only where pg_stat_statements is loaded.
+    let statements = client
+        .query_one(
+            "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements \
+              WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            &[],
+        )
+        .await
+        .ok()
+        .map(|row| row.get(0));
+    Some(Database {
+        commits: row.get(0),
+        wal_records: row.get(1),
+        wal_bytes: row.get(2),
+        wal_syncs: row.get(3),
+        statements,
+    })
+}
+
+/// The page of a replica's `--metrics-listen` address (`host:port`).
+async fn scrape(address: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
+    let request = format!("GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut page = String::new();
+    stream.read_to_string(&mut page).await.ok()?;
+    Some(page)
+}
+
+/// The batches of one replica so far: (statements, calls) by kind.
+async fn batches(address: &str) -> Option<[(f64, f64); 2]> {
+    let text = scrape(address).await?;
+    let value = |name: &str, kind: &str| -> f64 {
+        text.lines()
+            .filter(|line| line.starts_with(name) && line.contains(&format!("kind=\"{kind}\"")))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    Some(["acquire", "complete"].map(|kind| {
+        (
+            value("idempotency_batch_size_count", kind),
+            value("idempotency_batch_size_sum", kind),
+        )
+    }))
+}
+
+/// Where the figures are read from.
+pub(crate) struct Meter {
+    servers: Vec<u32>,
+    database: Option<tokio_postgres::Client>,
+    metrics: Vec<String>,
+}
+
+/// The counters at one moment.
+pub(crate) struct Reading {
+    bench: f64,
+    children: f64,
+    servers: Vec<(f64, u64)>,
+    postgres: f64,
+    machine: (f64, f64),
+    database: Option<Database>,
+    batches: Vec<Option<[(f64, f64); 2]>>,
+}
+
+impl Meter {
+    /// `database`: a connection to the database the scenario writes to, for
+    /// its commits and WAL (`None`: not reported).
+    pub(crate) async fn new(servers: &[u32], database: Option<&str>, metrics: &[String]) -> Self {
+        let database = match database {
+            Some(url) => match tokio_postgres::connect(url, tokio_postgres::NoTls).await {
+                Ok((client, connection)) => {
+                    tokio::spawn(connection);
+                    Some(client)
+                }
+                Err(e) => {
+                    eprintln!("no database figures: cannot connect to the database: {e}");
+                    None
+                }
+            },
+            None => None,
+        };
+        Meter {
+            servers: servers.to_vec(),
+            database,
+            metrics: metrics.to_vec(),
+        }
+    }
+
+    pub(crate) async fn read(&self) -> Reading {
+        let database = match &self.database {
+            Some(client) => database(client).await,
+            None => None,
+        };
+        let mut batches_now = Vec::with_capacity(self.metrics.len());
+        for url in &self.metrics {
+            batches_now.push(batches(url).await);
+        }
+        Reading {
+            bench: cpu_seconds("self").map_or(0.0, |(own, _)| own),
+            children: children_seconds(),
+            servers: self
+                .servers
+                .iter()
+                .map(|pid| {
+                    (
+                        cpu_seconds(&pid.to_string()).map_or(0.0, |(own, _)| own),
+                        context_switches(*pid),
+                    )
+                })
+                .collect(),
+            postgres: postgres_seconds(),
+            machine: machine_seconds(),
+            database,
+            batches: batches_now,
+        }
+    }
+
+    /// What happened between `before` and now, per one of `ops` operations
+    /// (cycles or calls), as one human line and `RESULT` fields.
+    pub(crate) async fn report(&self, name: &str, before: &Reading, ops: u64) -> String {
+        let after = self.read().await;
+        let ops = ops.max(1) as f64;
+        let us = |seconds: f64| seconds / ops * 1e6;
+        let mut human = format!("{name} cost per operation:");
+        let mut fields = String::new();
+        let servers: f64 = after
+            .servers
+            .iter()
+            .zip(&before.servers)
+            .map(|(a, b)| a.0 - b.0)
+            .sum();
+        let switches: u64 = after
+            .servers
+            .iter()
+            .zip(&before.servers)
+            .map(|(a, b)| a.1 - b.1)
+            .sum();
+        if !self.servers.is_empty() {
+            let _ = write!(
+                human,
+                " server {:.0} µs CPU ({:.1} context switches),",
+                us(servers),
+                switches as f64 / ops
+            );
+            let _ = write!(
+                fields,
+                " server_cpu_us={:.0} server_switches={:.2}",
+                us(servers),
+                switches as f64 / ops
+            );
+        }
+        let postgres = after.postgres - before.postgres;
+        let bench = after.bench - before.bench;
+        let children = after.children - before.children;
+        let (busy, total) = (
+            after.machine.0 - before.machine.0,
+            after.machine.1 - before.machine.1,
+        );
+        let _ = write!(
+            human,
+            " PostgreSQL {:.0} µs, bench {:.0} µs, pgbench {:.0} µs; machine {:.0}% busy",
+            us(postgres),
+            us(bench),
+            us(children),
+            busy / total.max(f64::MIN_POSITIVE) * 100.0,
+        );
+        let _ = write!(
+            fields,
+            " postgres_cpu_us={:.0} bench_cpu_us={:.0} pgbench_cpu_us={:.0} machine_busy={:.2}",
+            us(postgres),
+            us(bench),
+            us(children),
+            busy / total.max(f64::MIN_POSITIVE),
+        );
+        if let (Some(a), Some(b)) = (after.database, before.database) {
+            let per = |x: i64| x as f64 / ops;
+            let _ = write!(
+                human,
+                "; {:.3} commits, {:.0} WAL bytes in {:.1} records, {:.3} WAL flushes",
+                per(a.commits - b.commits),
+                per(a.wal_bytes - b.wal_bytes),
+                per(a.wal_records - b.wal_records),
+                per(a.wal_syncs - b.wal_syncs),
+            );
+            let _ = write!(
+                fields,
+                " commits={:.3} wal_bytes={:.0} wal_records={:.2} wal_flushes={:.3}",
+                per(a.commits - b.commits),
+                per(a.wal_bytes - b.wal_bytes),
+                per(a.wal_records - b.wal_records),
+                per(a.wal_syncs - b.wal_syncs),
+            );
+            // Less this meter's own two statements.
+            if let (Some(sa), Some(sb)) = (a.statements, b.statements) {
+                let statements = per(sa - sb - 2);
+                let _ = write!(human, ", {statements:.3} statements");
+                let _ = write!(fields, " statements={statements:.3}");
+            }
+        }
+        for (n, (a, b)) in after.batches.iter().zip(&before.batches).enumerate() {
+            if let (Some(a), Some(b)) = (a, b) {
+                let shape = |i: usize| {
+                    let statements = a[i].0 - b[i].0;
+                    let calls = a[i].1 - b[i].1;
+                    (statements, calls / statements.max(1.0))
+                };
+                let ((acquires, acquire_size), (completes, complete_size)) = (shape(0), shape(1));
+                let _ = write!(
+                    human,
+                    "\n  replica {}: {:.0} acquire statements of {acquire_size:.1} calls on average, {:.0} complete statements of {complete_size:.1}",
+                    n + 1,
+                    acquires,
+                    completes,
+                );
+                let _ = write!(
+                    fields,
+                    " replica{}_acquire_batch={acquire_size:.2} replica{}_complete_batch={complete_size:.2}",
+                    n + 1,
+                    n + 1
+                );
+            }
+        }
+        println!("{human}");
+        fields
+    }
+}
