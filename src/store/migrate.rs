@@ -56,6 +56,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "statement_deadline",
         sql: include_str!("../../sql/0006_statement_deadline.sql"),
     },
+    Migration {
+        version: 7,
+        name: "batch_fast_paths",
+        sql: include_str!("../../sql/0007_batch_fast_paths.sql"),
+    },
 ];
 
 /// An arbitrary constant naming our advisory lock among any others the
