@@ -61,6 +61,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "batch_fast_paths",
         sql: include_str!("../../sql/0007_batch_fast_paths.sql"),
     },
+    Migration {
+        version: 8,
+        name: "no_check_constraints",
+        sql: include_str!("../../sql/0008_no_check_constraints.sql"),
+    },
 ];
 
 /// An arbitrary constant naming our advisory lock among any others the

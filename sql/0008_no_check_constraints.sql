@@ -1,0 +1,18 @@
+-- The two CHECK constraints on idempotency_keys (status and lease_outcome in
+-- their sets of names) go.
+--
+-- PostgreSQL re-reads and re-plans every CHECK constraint of a table from
+-- its stored text for each INSERT and UPDATE statement, and every statement
+-- inside a function is one: the two checks cost about a sixth of
+-- PostgreSQL's CPU time per Acquire + Complete here (`perf` on the
+-- backends, `ExecConstraints`; README, Performance).
+--
+-- What they guarded stays guarded: both columns are written only by the
+-- functions in these files, always with one of the names 0001 lists, and
+-- the server refuses to read a record whose status it does not know (it
+-- answers INTERNAL and logs the record as corrupt) rather than guess.
+-- Dropping a constraint takes a moment's exclusive lock and no scan.
+
+ALTER TABLE idempotency_keys
+    DROP CONSTRAINT IF EXISTS idempotency_keys_status_check,
+    DROP CONSTRAINT IF EXISTS idempotency_keys_lease_outcome_check;
