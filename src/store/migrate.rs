@@ -66,6 +66,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "no_check_constraints",
         sql: include_str!("../../sql/0008_no_check_constraints.sql"),
     },
+    Migration {
+        version: 9,
+        name: "single_key",
+        sql: include_str!("../../sql/0009_single_key.sql"),
+    },
 ];
 
 /// An arbitrary constant naming our advisory lock among any others the
