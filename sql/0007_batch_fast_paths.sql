@@ -18,9 +18,12 @@
 -- - Complete SUCCESS: the UPDATE's conditions are idempotency_complete's
 --   for applying a success (a live row whose latest lease is the caller's
 --   and has not been completed), checked on the row as it is once locked.
---   The clock is read just before the UPDATE rather than once the row is
---   locked, which matters only for a row whose whole record expires while
---   this waits for its lock (a Complete checks no lease time). Otherwise
+--   The clock is read just before the UPDATE, not once the row is locked
+--   (no clock call inside an UPDATE, which a sharded table refuses): so
+--   that a Complete that waited for the lock never stores times older than
+--   the row's, the UPDATE applies only to a row last changed before that
+--   reading; a row changed since (by an ExtendLease, say) goes to
+--   idempotency_complete, which reads the clock after the lock. Otherwise
 --   idempotency_complete answers, as before.
 --
 -- Each statement of a PL/pgSQL function sees what the earlier ones did, so
@@ -123,7 +126,7 @@ BEGIN
                 completed_at = v_now, updated_at = v_now, expires_at = v_now + k.retention
              WHERE k.tenant = p_tenant[i] AND k.scope = p_scope[i] AND k.idempotency_key = p_key[i]
                AND k.lease_token = p_token[i] AND k.lease_outcome IS NULL
-               AND k.expires_at > v_now
+               AND k.expires_at > v_now AND k.updated_at <= v_now
             RETURNING * INTO r;
             IF FOUND THEN
                 IF r.watch_until > v_now THEN
