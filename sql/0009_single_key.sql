@@ -8,7 +8,8 @@
 --   functions, and non-immutable ones inside CASE, in an UPDATE. The
 --   fencing token is greatest(the row's last + 1, nextval): nextval alone
 --   today, since every token came from that one sequence, but it keeps a
---   key's tokens growing if they ever come from more than one sequence.
+--   live record's tokens growing if they ever come from more than one
+--   sequence (a record created anew takes nextval alone).
 -- - idempotency_watch reads the clock once into a variable (PL/pgSQL)
 --   instead of calling clock_timestamp() inside its UPDATE. The clock is
 --   now read before the row lock rather than after it; a Watch compares it
