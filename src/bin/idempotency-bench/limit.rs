@@ -17,7 +17,11 @@ const CYCLE_PGBENCH: &str = include_str!("../../../bench/limit/cycle.pgbench");
 /// it (a fresh `limit_keys` table).
 pub(crate) async fn prepare(url: &str) -> Result<(), String> {
     let config: tokio_postgres::Config = url.parse().map_err(|e| format!("{url}: {e}"))?;
-    let name = config.get_dbname().unwrap_or("limit").to_owned();
+    // pgbench gets the same URL, so the database must be named in it.
+    let name = config
+        .get_dbname()
+        .ok_or_else(|| format!("{url} names no database"))?
+        .to_owned();
     let mut admin = config.clone();
     admin.dbname("postgres");
     let (client, connection) = admin

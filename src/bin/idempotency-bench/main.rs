@@ -90,8 +90,9 @@ struct Args {
     /// How long each timed scenario runs.
     #[arg(long, default_value_t = 10)]
     seconds: u64,
-    /// HTTP/2 connections the gRPC clients share; in `http-cycle`, the
-    /// HTTP/1.1 connections, each running one cycle at a time.
+    /// HTTP/2 connections the gRPC clients share, to each target; in
+    /// `http-cycle`, the HTTP/1.1 connections, each running one cycle at a
+    /// time.
     #[arg(long, default_value_t = 8)]
     connections: usize,
     /// Waiting calls in `cycle-beside-waiters` and `wait`.
