@@ -37,12 +37,12 @@ fn context_switches(pid: u32) -> u64 {
     tasks
         .flatten()
         .filter_map(|task| std::fs::read_to_string(task.path().join("status")).ok())
-        .flat_map(|status| {
+        .map(|status| {
             status
                 .lines()
                 .filter(|line| line.contains("ctxt_switches:"))
                 .filter_map(|line| line.split_whitespace().nth(1)?.parse::<u64>().ok())
-                .collect::<Vec<_>>()
+                .sum::<u64>()
         })
         .sum()
 }
@@ -245,79 +245,57 @@ impl Meter {
         let ops = ops.max(1) as f64;
         let us = |seconds: f64| seconds / ops * 1e6;
         let mut human = format!("{name} cost per operation:");
-        let mut fields = String::new();
-        let servers: f64 = after
-            .servers
-            .iter()
-            .zip(&before.servers)
-            .map(|(a, b)| a.0 - b.0)
-            .sum();
-        let switches: u64 = after
-            .servers
-            .iter()
-            .zip(&before.servers)
-            .map(|(a, b)| a.1.saturating_sub(b.1))
-            .sum();
+        // The RESULT fields: name, value, decimals.
+        let mut figures: Vec<(String, f64, usize)> = Vec::new();
         if !self.servers.is_empty() {
+            let (cpu, switches) = after
+                .servers
+                .iter()
+                .zip(&before.servers)
+                .fold((0.0, 0u64), |(cpu, switches), (a, b)| {
+                    (cpu + a.0 - b.0, switches + a.1.saturating_sub(b.1))
+                });
+            let (cpu, switches) = (us(cpu), switches as f64 / ops);
             let _ = write!(
                 human,
-                " server {:.0} µs CPU ({:.1} context switches),",
-                us(servers),
-                switches as f64 / ops
+                " server {cpu:.0} µs CPU ({switches:.1} context switches),"
             );
-            let _ = write!(
-                fields,
-                " server_cpu_us={:.0} server_switches={:.2}",
-                us(servers),
-                switches as f64 / ops
-            );
+            figures.push(("server_cpu_us".into(), cpu, 0));
+            figures.push(("server_switches".into(), switches, 2));
         }
-        let postgres = after.postgres - before.postgres;
-        let bench = after.bench - before.bench;
-        let children = after.children - before.children;
-        let (busy, total) = (
-            after.machine.0 - before.machine.0,
-            after.machine.1 - before.machine.1,
-        );
+        let postgres = us(after.postgres - before.postgres);
+        let bench = us(after.bench - before.bench);
+        let pgbench = us(after.children - before.children);
+        let busy = (after.machine.0 - before.machine.0)
+            / (after.machine.1 - before.machine.1).max(f64::MIN_POSITIVE);
         let _ = write!(
             human,
-            " PostgreSQL {:.0} µs, bench {:.0} µs, pgbench {:.0} µs; machine {:.0}% busy",
-            us(postgres),
-            us(bench),
-            us(children),
-            busy / total.max(f64::MIN_POSITIVE) * 100.0,
+            " PostgreSQL {postgres:.0} µs, bench {bench:.0} µs, pgbench {pgbench:.0} µs; machine {:.0}% busy",
+            busy * 100.0,
         );
-        let _ = write!(
-            fields,
-            " postgres_cpu_us={:.0} bench_cpu_us={:.0} pgbench_cpu_us={:.0} machine_busy={:.2}",
-            us(postgres),
-            us(bench),
-            us(children),
-            busy / total.max(f64::MIN_POSITIVE),
-        );
+        figures.push(("postgres_cpu_us".into(), postgres, 0));
+        figures.push(("bench_cpu_us".into(), bench, 0));
+        figures.push(("pgbench_cpu_us".into(), pgbench, 0));
+        figures.push(("machine_busy".into(), busy, 2));
         if let (Some(a), Some(b)) = (after.database, before.database) {
             let per = |x: i64| x as f64 / ops;
+            let commits = per(a.commits - b.commits);
+            let wal_bytes = per(a.wal_bytes - b.wal_bytes);
+            let wal_records = per(a.wal_records - b.wal_records);
+            let wal_flushes = per(a.wal_syncs - b.wal_syncs);
             let _ = write!(
                 human,
-                "; {:.3} commits, {:.0} WAL bytes in about {:.1} records, about {:.3} WAL flushes",
-                per(a.commits - b.commits),
-                per(a.wal_bytes - b.wal_bytes),
-                per(a.wal_records - b.wal_records),
-                per(a.wal_syncs - b.wal_syncs),
+                "; {commits:.3} commits, {wal_bytes:.0} WAL bytes in about {wal_records:.1} records, about {wal_flushes:.3} WAL flushes",
             );
-            let _ = write!(
-                fields,
-                " commits={:.3} wal_bytes={:.0} wal_records={:.2} wal_flushes={:.3}",
-                per(a.commits - b.commits),
-                per(a.wal_bytes - b.wal_bytes),
-                per(a.wal_records - b.wal_records),
-                per(a.wal_syncs - b.wal_syncs),
-            );
+            figures.push(("commits".into(), commits, 3));
+            figures.push(("wal_bytes".into(), wal_bytes, 0));
+            figures.push(("wal_records".into(), wal_records, 2));
+            figures.push(("wal_flushes".into(), wal_flushes, 3));
             // Less this meter's own two statements.
             if let (Some(sa), Some(sb)) = (a.statements, b.statements) {
                 let statements = per(sa - sb - 2);
                 let _ = write!(human, ", {statements:.3} statements");
-                let _ = write!(fields, " statements={statements:.3}");
+                figures.push(("statements".into(), statements, 3));
             }
         }
         for (n, (a, b)) in after.batches.iter().zip(&before.batches).enumerate() {
@@ -328,22 +306,19 @@ impl Meter {
                     (statements, calls / statements.max(1.0))
                 };
                 let ((acquires, acquire_size), (completes, complete_size)) = (shape(0), shape(1));
+                let replica = n + 1;
                 let _ = write!(
                     human,
-                    "\n  replica {}: {:.0} acquire statements of {acquire_size:.1} calls on average, {:.0} complete statements of {complete_size:.1}",
-                    n + 1,
-                    acquires,
-                    completes,
+                    "\n  replica {replica}: {acquires:.0} acquire statements of {acquire_size:.1} calls on average, {completes:.0} complete statements of {complete_size:.1}",
                 );
-                let _ = write!(
-                    fields,
-                    " replica{}_acquire_batch={acquire_size:.2} replica{}_complete_batch={complete_size:.2}",
-                    n + 1,
-                    n + 1
-                );
+                figures.push((format!("replica{replica}_acquire_batch"), acquire_size, 2));
+                figures.push((format!("replica{replica}_complete_batch"), complete_size, 2));
             }
         }
         println!("{human}");
-        fields
+        figures
+            .iter()
+            .map(|(name, value, decimals)| format!(" {name}={value:.decimals$}"))
+            .collect()
     }
 }
