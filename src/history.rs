@@ -295,6 +295,10 @@ pub enum ViolationKind {
     UnaccountedProceed,
     /// A key was called but never read at the end.
     NoFinalRead,
+    /// The table holds a lease granted after every Acquire on its key had
+    /// been answered, none of them with that lease: a statement that
+    /// committed after its caller heard an error, a lease nobody holds.
+    OrphanLease,
 }
 
 /// A broken promise: what, on which key, and the evidence.
@@ -341,6 +345,10 @@ pub fn check(entries: &[Entry]) -> Vec<Violation> {
     // answers allow: an answer's updated_at was written before its call
     // ended, so offset <= end - updated_at.
     let mut max_offset: Option<Micros> = None;
+    // And the smallest: a lease granted by a PROCEED without request_id (so
+    // not an earlier lease handed back) was written after its call started,
+    // so offset >= start - updated_at.
+    let mut min_offset: Option<Micros> = None;
     for entry in entries {
         match entry {
             Entry::Call(call) => {
@@ -349,6 +357,10 @@ pub fn check(entries: &[Entry]) -> Vec<Violation> {
                 {
                     let bound = call.end_us - r.updated_at_us;
                     max_offset = Some(max_offset.map_or(bound, |m| m.min(bound)));
+                    if call.decision == Some(Decision::Proceed) && call.request_id.is_empty() {
+                        let bound = call.start_us - r.updated_at_us;
+                        min_offset = Some(min_offset.map_or(bound, |m| m.max(bound)));
+                    }
                 }
                 keys.entry((call.scope.clone(), call.key.clone()))
                     .or_default()
@@ -365,7 +377,7 @@ pub fn check(entries: &[Entry]) -> Vec<Violation> {
     let mut violations = Vec::new();
     for ((scope, key), history) in &keys {
         let mut found = Vec::new();
-        check_key(history, max_offset, &mut |kind, detail| {
+        check_key(history, (min_offset, max_offset), &mut |kind, detail| {
             found.push((kind, detail))
         });
         violations.extend(found.into_iter().map(|(kind, detail)| Violation {
@@ -379,11 +391,14 @@ pub fn check(entries: &[Entry]) -> Vec<Violation> {
     violations
 }
 
+/// `offsets`: the least and the greatest offset of the client's clock over
+/// the database's that the answers allow.
 fn check_key(
     history: &KeyHistory<'_>,
-    max_offset: Option<Micros>,
+    offsets: (Option<Micros>, Option<Micros>),
     report: &mut dyn FnMut(ViolationKind, String),
 ) {
+    let (min_offset, max_offset) = offsets;
     let calls = &history.calls;
     let Some(last) = history.finals else {
         if !calls.is_empty() {
@@ -558,6 +573,11 @@ fn check_key(
         }
     }
 
+    // No lease in the table that its callers heard an error for.
+    if let Some(detail) = orphan_lease(calls, final_record, &leases, min_offset) {
+        report(ViolationKind::OrphanLease, detail);
+    }
+
     // Every PROCEED is accounted for.
     let newest_granted = leases.iter().map(|g| g.lease.fencing_token).max();
     for g in &leases {
@@ -590,6 +610,36 @@ fn check_key(
             );
         }
     }
+}
+
+/// A lease in the table that no Acquire was answered with, granted (by the
+/// database's clock moved to the client's by the least offset the answers
+/// allow) after the last Acquire on its key had been answered.
+fn orphan_lease(
+    calls: &[&Call],
+    final_record: Option<&Record>,
+    granted: &[Granted<'_>],
+    min_offset: Option<Micros>,
+) -> Option<String> {
+    let record = final_record.filter(|r| r.status == Status::Processing)?;
+    if granted
+        .iter()
+        .any(|g| g.lease.fencing_token == record.fencing_token)
+    {
+        return None;
+    }
+    let last_answered = calls
+        .iter()
+        .filter(|c| c.kind == CallKind::Acquire)
+        .map(|c| c.end_us)
+        .max()?;
+    let granted_at = record.updated_at_us + min_offset?;
+    (granted_at > last_answered).then(|| {
+        format!(
+            "the table holds a lease (fencing {}) granted at {granted_at}, after every Acquire on the key had been answered (the last at {last_answered}), none with that lease",
+            record.fencing_token
+        )
+    })
 }
 
 fn show(bytes: &Option<Vec<u8>>) -> String {
@@ -738,6 +788,26 @@ mod tests {
 
     fn kinds(entries: &[Entry]) -> Vec<ViolationKind> {
         check(entries).into_iter().map(|v| v.kind).collect()
+    }
+
+    #[test]
+    fn a_lease_granted_after_every_acquire_failed_is_an_orphan() {
+        let mut failed = call(CallKind::Acquire, "o", T0);
+        failed.code = "DEADLINE_EXCEEDED".into();
+        let mut entries = clean();
+        entries.push(Entry::Call(failed.clone()));
+        // Committed two seconds after its caller heard DEADLINE_EXCEEDED.
+        entries.push(last(
+            "o",
+            Some(record(Status::Processing, 9, None, T0 + 2 * S)),
+        ));
+        assert_eq!(kinds(&entries), vec![ViolationKind::OrphanLease]);
+
+        // Committed before the answer (which was lost): no orphan.
+        let mut entries = clean();
+        entries.push(Entry::Call(failed));
+        entries.push(last("o", Some(record(Status::Processing, 9, None, T0))));
+        assert_eq!(kinds(&entries), vec![]);
     }
 
     #[test]
