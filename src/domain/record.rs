@@ -156,15 +156,30 @@ pub enum Refusal {
     AlreadyCompleted,
 }
 
+/// A validated Acquire: which record, which request, and the limits its
+/// caller asked for (defaults and caps of the policy applied).
 #[derive(Debug, Clone)]
 pub struct AcquireCommand {
+    /// The record the caller asks for: tenant, scope and key.
     pub id: RecordId,
+    /// What identifies the request's content: a different one on the same
+    /// key is a CONFLICT.
     pub fingerprint: Fingerprint,
+    /// The caller's attempt (empty for none): a retry with the same one gets
+    /// its own lease back.
     pub request_id: RequestId,
+    /// How long a granted lease lasts.
     pub lease_ttl: Duration,
+    /// Attempts allowed before the record is FAILED_PERMANENT.
     pub max_attempts: u32,
+    /// How long the record is kept once it is done.
     pub retention: Duration,
+    /// How long the caller is prepared to wait while the key is held.
     pub wait: Duration,
+    /// When the caller stops waiting for any answer (its deadline, as the
+    /// server read it when the call arrived); `None`: it did not say. No
+    /// statement of the call may commit after it.
+    pub answer_by: Option<std::time::Instant>,
 }
 
 /// How the holder's work ended.

@@ -167,6 +167,7 @@ pub fn acquire_with(
         max_attempts,
         retention,
         wait,
+        answer_by: None,
     })
 }
 

@@ -15,6 +15,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
@@ -28,7 +29,7 @@ use crate::notify::Hub;
 use crate::proto;
 use crate::proto::acquire_request::RequestFingerprint;
 use crate::proto::coordinator_server::Coordinator;
-use crate::store::{Store, names};
+use crate::store::{CallTime, Store, names};
 use crate::sweeper::Sweeper;
 use crate::telemetry;
 use crate::transport::CallDeadline;
@@ -79,13 +80,10 @@ impl CoordinatorService {
     }
 }
 
-/// How long the caller is prepared to wait: the `grpc-timeout` admission
-/// read from the call's headers.
-fn call_budget<T>(request: &Request<T>) -> Option<Duration> {
-    request
-        .extensions()
-        .get::<CallDeadline>()
-        .map(|deadline| deadline.0)
+/// When the caller stops waiting: the `grpc-timeout` admission read from
+/// the call's headers.
+fn call_budget<T>(request: &Request<T>) -> Option<CallDeadline> {
+    request.extensions().get::<CallDeadline>().copied()
 }
 
 impl CoordinatorService {
@@ -99,15 +97,15 @@ impl CoordinatorService {
     fn run_acquire(
         &self,
         cmd: AcquireCommand,
-        budget: Option<Duration>,
     ) -> impl Future<Output = Result<Response<proto::AcquireResponse>, Status>> + Send + '_ {
         async move {
-            let window = Some(wait::window(cmd.wait, budget)).filter(|w| !w.is_zero());
+            let answer_by = cmd.answer_by.map(Instant::from_std);
+            let left = answer_by.map(|at| at.saturating_duration_since(Instant::now()));
+            let window = Some(wait::window(cmd.wait, left)).filter(|w| !w.is_zero());
             let acquired = match window {
                 None => {
-                    self.store
-                        .acquire(&cmd, Duration::ZERO, self.connect_wait(budget))
-                        .await
+                    let time = CallTime::until(answer_by);
+                    self.store.acquire(&cmd, Duration::ZERO, time).await
                 }
                 Some(window) => {
                     let subscription = self.hub.subscribe(&cmd.id).map_err(Error::from)?;
@@ -123,13 +121,14 @@ impl CoordinatorService {
             Ok(Response::new(answer))
         }
     }
+}
 
-    /// How long a call waits for a database connection: the configured wait,
-    /// cut by the call's deadline so that a caller with a short deadline hears
-    /// UNAVAILABLE in time rather than DEADLINE_EXCEEDED.
-    fn connect_wait(&self, deadline: Option<Duration>) -> Option<Duration> {
-        deadline.map(|d| d.min(self.store.connect_wait()))
-    }
+/// The store's bounds for a call whose caller stops waiting at `deadline`:
+/// its connect wait ends by then (so that a caller with a short deadline
+/// hears UNAVAILABLE in time rather than DEADLINE_EXCEEDED), and none of its
+/// statements commits after it.
+fn call_time(deadline: Option<CallDeadline>) -> CallTime {
+    CallTime::until(deadline.map(|d| d.0))
 }
 
 type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -165,17 +164,20 @@ impl Coordinator for CoordinatorService {
             let text = std::mem::take(text);
             return Box::pin(async move {
                 let json = decode::json_fingerprint(text).await;
-                let cmd = decode::acquire_with(caller.tenant, message, &self.policy, Some(json))?;
+                let mut cmd =
+                    decode::acquire_with(caller.tenant, message, &self.policy, Some(json))?;
+                cmd.answer_by = budget.map(|d| d.0.into_std());
                 telemetry::record_id(&cmd.id);
-                self.run_acquire(cmd, budget).await
+                self.run_acquire(cmd).await
             });
         }
         // A refused request is answered without a future of its own; the
         // future below holds the command alone, not also its `Result`.
         match decode::acquire(caller.tenant, message, &self.policy) {
-            Ok(cmd) => {
+            Ok(mut cmd) => {
+                cmd.answer_by = budget.map(|d| d.0.into_std());
                 telemetry::record_id(&cmd.id);
-                Box::pin(self.run_acquire(cmd, budget))
+                Box::pin(self.run_acquire(cmd))
             }
             Err(e) => Box::pin(std::future::ready(Err(e.into()))),
         }
@@ -194,7 +196,7 @@ impl Coordinator for CoordinatorService {
         telemetry::record_id(&cmd.id);
         let record = self
             .store
-            .complete(&cmd, self.policy.backoff, self.connect_wait(budget))
+            .complete(&cmd, self.policy.backoff, call_time(budget))
             .await
             .map_err(Error::from)?;
         Ok(Response::new(proto::CompleteResponse {
@@ -215,7 +217,7 @@ impl Coordinator for CoordinatorService {
         telemetry::record_id(&cmd.id);
         let lease = self
             .store
-            .extend_lease(&cmd, self.policy.max_lease_ttl, self.connect_wait(budget))
+            .extend_lease(&cmd, self.policy.max_lease_ttl, call_time(budget))
             .await
             .map_err(Error::from)?;
         Ok(Response::new(proto::ExtendLeaseResponse {
@@ -232,7 +234,7 @@ impl Coordinator for CoordinatorService {
         telemetry::record_id(&id);
         let record = self
             .store
-            .get(&id, self.connect_wait(budget))
+            .get(&id, call_time(budget))
             .await
             .map_err(Error::from)?;
         Ok(Response::new(proto::GetResponse {
@@ -253,11 +255,11 @@ impl Coordinator for CoordinatorService {
             &self.policy,
         )?;
         telemetry::record_id(&id);
-        let window = wait::window(asked, budget);
+        let window = wait::window(asked, budget.map(|d| d.left()));
         let subscription = self.hub.subscribe(&id).map_err(Error::from)?;
         let first = self
             .store
-            .watch(&id, window, self.connect_wait(budget))
+            .watch(&id, window, call_time(budget))
             .await
             .map_err(Error::from)?;
         let (events, stream) = tokio::sync::mpsc::channel(4);
@@ -381,9 +383,8 @@ mod tests {
     fn the_budget_is_the_deadline_admission_read() {
         let mut request = Request::new(());
         assert_eq!(call_budget(&request), None);
-        request
-            .extensions_mut()
-            .insert(CallDeadline(Duration::from_millis(150)));
-        assert_eq!(call_budget(&request), Some(Duration::from_millis(150)));
+        let deadline = CallDeadline::after(Duration::from_millis(150));
+        request.extensions_mut().insert(deadline);
+        assert_eq!(call_budget(&request), Some(deadline));
     }
 }

@@ -20,7 +20,7 @@ use crate::error::{Error, cause_chain};
 use crate::metrics;
 use crate::notify::Subscription;
 use crate::proto;
-use crate::store::{Store, StoreError};
+use crate::store::{CallTime, Store, StoreError};
 
 use super::encode;
 
@@ -64,7 +64,10 @@ pub fn acquire<'a>(
         loop {
             let (mut next_check, mut held) = {
                 let left = end.saturating_duration_since(Instant::now());
-                match store.acquire(cmd, left, connect_wait(store, end)).await {
+                match store
+                    .acquire(cmd, left, connect_wait(store, end, cmd))
+                    .await
+                {
                     Ok(acquired) if acquired.decision != Decision::InProgress || left.is_zero() => {
                         return Ok(acquired);
                     }
@@ -92,7 +95,7 @@ pub fn acquire<'a>(
                 }
                 let Some(current) = held.take() else { break };
                 let seen = Box::pin(subscription.read_shared(Some(current.updated_at), || {
-                    store.get(&cmd.id, connect_wait(store, end))
+                    store.get(&cmd.id, connect_wait(store, end, cmd))
                 }))
                 .await;
                 match classify(seen, current, cmd) {
@@ -111,9 +114,11 @@ pub fn acquire<'a>(
     }
 }
 
-/// How long a waiter waits for a database connection: until its window ends.
-fn connect_wait(store: &Store, end: Instant) -> Option<Duration> {
-    Some(
+/// How long a waiter waits for a database connection: until its window
+/// ends (at least the configured wait), and never past its caller's
+/// deadline (`cmd.answer_by`), which its statements carry too.
+fn connect_wait(store: &Store, end: Instant, cmd: &AcquireCommand) -> CallTime {
+    CallTime::until(cmd.answer_by.map(Instant::from_std)).waiting(
         end.saturating_duration_since(Instant::now())
             .max(store.connect_wait()),
     )

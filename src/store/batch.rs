@@ -85,7 +85,6 @@ pub(super) struct Settings {
     pub workers: usize,
     /// Calls in one statement at most.
     pub max_batch: usize,
-    pub connect_wait: Duration,
     pub query_timeout: Duration,
 }
 
@@ -93,6 +92,9 @@ struct Pending<C> {
     call: C,
     /// A call not taken by then is answered UNAVAILABLE instead of run.
     take_by: Instant,
+    /// When its caller stops waiting for the answer, if it said: the
+    /// statement that carries the call must not commit after it.
+    answer_by: Option<Instant>,
     /// Set by whichever comes first: a worker taking the call, or its caller
     /// giving up on a call no worker took by `take_by`.
     claimed: Arc<AtomicBool>,
@@ -154,6 +156,7 @@ impl<C: Call> Coalescer<C> {
         &self,
         call: C,
         wait: Duration,
+        answer_by: Option<Instant>,
     ) -> impl Future<Output = Result<Option<Row>, StoreError>> + Send + use<C> {
         let (reply, answer) = oneshot::channel();
         let take_by = Instant::now() + wait;
@@ -161,6 +164,7 @@ impl<C: Call> Coalescer<C> {
         let pending = Pending {
             call,
             take_by,
+            answer_by,
             claimed: Arc::clone(&claimed),
             reply,
             span: tracing::Span::current(),
@@ -219,15 +223,9 @@ async fn work<C: Call>(
         if batch.is_empty() {
             continue;
         }
-        let shared = match settings.mux.get(settings.connect_wait).await {
-            Ok(shared) => shared,
-            Err(e) => {
-                fail_all(&mut batch, e);
-                continue;
-            }
+        let Some(shared) = connection(&settings, &mut batch).await else {
+            continue;
         };
-        // (Re)connecting may have taken a while.
-        drop_late(&mut batch);
         let retired = shared.retired();
         let mut job = Box::pin({
             let settings = Arc::clone(&settings);
@@ -252,15 +250,44 @@ async fn work<C: Call>(
     }
 }
 
+/// A shared connection for `batch`, waiting for one (when it must connect)
+/// no longer than its calls were prepared to wait to be taken: a call whose
+/// connect wait runs out meanwhile hears UNAVAILABLE then, not after the
+/// wait of a connection attempt begun for calls that came before it. `None`
+/// once every call of the batch has been answered.
+async fn connection<C>(settings: &Settings, batch: &mut Vec<Pending<C>>) -> Option<Arc<Shared>> {
+    loop {
+        drop_late(batch);
+        let take_by = batch.iter().map(|pending| pending.take_by).min()?;
+        let wait = take_by.saturating_duration_since(Instant::now());
+        match settings.mux.get(wait).await {
+            Ok(shared) => {
+                // (Re)connecting may have taken a while.
+                drop_late(batch);
+                return (!batch.is_empty()).then_some(shared);
+            }
+            // Calls that may still wait try again; the others hear why.
+            Err(e) if batch.iter().any(|p| p.take_by > Instant::now()) => {
+                tracing::debug!(error = %crate::error::cause_chain(&e), "batch: no connection yet");
+            }
+            Err(e) => {
+                fail_all(batch, e);
+                return None;
+            }
+        }
+    }
+}
+
 /// Drops the calls whose caller gave up, and answers UNAVAILABLE to those
-/// that waited longer than they were prepared to for a batch to take them.
+/// that waited longer than they were prepared to for a batch to take them
+/// (or whose caller's deadline has passed).
 fn drop_late<C>(batch: &mut Vec<Pending<C>>) {
     let now = Instant::now();
     for pending in std::mem::take(batch) {
         if pending.reply.is_closed() {
             continue;
         }
-        if pending.take_by < now {
+        if pending.take_by < now || pending.answer_by.is_some_and(|at| at <= now) {
             let _ = pending.reply.send(Err(not_taken()));
             continue;
         }
@@ -278,7 +305,7 @@ async fn run<C: Call>(settings: &Settings, batch: &mut Vec<Pending<C>>, shared: 
     let mux = &settings.mux;
     crate::metrics::batch_ran(C::KIND, batch.len());
     let limit = settings.query_timeout;
-    let stamp = settings.clock.stamp(super::mux::statement_limit(limit));
+    let stamp = stamp_by(settings, batch.iter().filter_map(|p| p.answer_by).min());
     if batch.len() <= 1 {
         if let Some(alone) = batch.pop() {
             let answer = mux
@@ -307,11 +334,11 @@ async fn run<C: Call>(settings: &Settings, batch: &mut Vec<Pending<C>>, shared: 
             );
             // Pipelined together: a call that fails every time costs its
             // batch-mates one more round trip, not one each.
-            let stamp = settings.clock.stamp(super::mux::statement_limit(limit));
             let alone = batch
                 .drain(..)
                 .filter(|pending| !pending.reply.is_closed())
                 .map(|pending| async move {
+                    let stamp = stamp_by(settings, pending.answer_by);
                     let answer = mux
                         .in_time(shared, limit, pending.call.one(shared, stamp))
                         .await;
@@ -331,6 +358,20 @@ async fn run<C: Call>(settings: &Settings, batch: &mut Vec<Pending<C>>, shared: 
         }
         Err(e) => fail_all(batch, e),
     }
+}
+
+/// The stamp of a statement sent now for calls the first of whose callers
+/// stops waiting at `answer_by`: it must finish by then (less the margin of
+/// `statement_limit`), or by the query timeout's limit if that is sooner.
+/// One caller's short deadline thus bounds its whole batch: a batch that
+/// finishes after it rolls back whole, and every call in it hears
+/// UNAVAILABLE rather than one call's lease committing unheard.
+fn stamp_by(settings: &Settings, answer_by: Option<Instant>) -> Stamp {
+    let limit = answer_by.map_or(settings.query_timeout, |at| {
+        at.saturating_duration_since(Instant::now())
+            .min(settings.query_timeout)
+    });
+    settings.clock.stamp(super::mux::statement_limit(limit))
 }
 
 /// The batch's rows in the order of its calls: exactly one for each call.

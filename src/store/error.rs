@@ -79,3 +79,9 @@ fn is_transient(error: &tokio_postgres::Error) -> bool {
 #[derive(Debug, thiserror::Error)]
 #[error("the database did not answer within {0:?}")]
 pub struct QueryTimeout(pub(super) Duration);
+
+/// A call whose caller's deadline passed before its statement was sent:
+/// the statement is not sent at all.
+#[derive(Debug, thiserror::Error)]
+#[error("the call's deadline passed before its statement was sent")]
+pub struct PastDeadline;

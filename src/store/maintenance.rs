@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::run::millis;
-use super::{Store, StoreError, row};
+use super::{CallTime, Store, StoreError, row};
 use crate::domain::{DueRecord, Scope, SweepCounts, Tenant};
 
 const SWEEP_BATCH: &str = "SELECT * FROM idempotency_sweep_batch($1, $2, $3, $4, $5)";
@@ -35,7 +35,7 @@ impl Store {
                     &exclusive,
                     &self.clock.offset_ms(),
                 ],
-                None,
+                CallTime::default(),
             )
             .await?
             .ok_or_else(|| StoreError::Corrupt("idempotency_sweep_batch returned no row".into()))?;
@@ -59,7 +59,7 @@ impl Store {
             .query_one_pooled(
                 COUNT_DUE,
                 &[&tenant.map(Tenant::as_str), &self.clock.offset_ms()],
-                None,
+                CallTime::default(),
             )
             .await?
             .ok_or_else(|| StoreError::Corrupt("idempotency_count_due returned no row".into()))?;
@@ -90,7 +90,7 @@ impl Store {
                     &limit,
                     &self.clock.offset_ms(),
                 ],
-                None,
+                CallTime::default(),
             )
             .await?;
         rows.iter().map(row::due_record).collect()
@@ -100,7 +100,7 @@ impl Store {
     /// others at once; returns how many records that was.
     pub async fn release_offers(&self, subscriber: uuid::Uuid) -> Result<u64, StoreError> {
         let row = self
-            .query_one_pooled(RELEASE_OFFERS, &[&subscriber], None)
+            .query_one_pooled(RELEASE_OFFERS, &[&subscriber], CallTime::default())
             .await?
             .ok_or_else(|| {
                 StoreError::Corrupt("idempotency_release_offers returned no row".into())

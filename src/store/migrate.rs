@@ -10,7 +10,7 @@
 use sha2::{Digest, Sha256};
 use tokio_postgres::Client;
 
-use super::{Store, StoreError};
+use super::{CallTime, Store, StoreError};
 
 /// One numbered SQL file.
 pub struct Migration {
@@ -97,7 +97,10 @@ impl Store {
     /// Applies the migrations the database lacks over one pooled connection
     /// (see [`migrate`]).
     pub async fn migrate(&self) -> Result<Vec<i32>, MigrateError> {
-        let mut client = self.connection(None).await.map_err(MigrateError::Connect)?;
+        let mut client = self
+            .connection(CallTime::default())
+            .await
+            .map_err(MigrateError::Connect)?;
         migrate(&mut client).await
     }
 }

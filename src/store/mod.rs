@@ -71,6 +71,60 @@ pub use setup::{StoreConfig, pg_config};
 /// SQL functions directly as the store does (the benchmark's baseline).
 pub use calls::{ACQUIRE as ACQUIRE_SQL, COMPLETE as COMPLETE_SQL};
 
+/// How long one call may take in the store, as its caller sees it.
+///
+/// `answer_by` is the moment the caller stops waiting for the answer (the
+/// gRPC deadline, less admission's margin): no statement of the call may
+/// commit after it. Each statement carries the earlier of it and the query
+/// timeout's limit as its deadline on the database's clock
+/// (`sql/0006_statement_deadline.sql`), so a statement that reaches the
+/// database or finishes after its caller heard DEADLINE_EXCEEDED rolls back;
+/// the wait for a connection ends by then too.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CallTime {
+    /// The longest the call waits for a database connection; `None`: the
+    /// store's `--connect-wait`. Never past `answer_by`.
+    pub connect_wait: Option<Duration>,
+    /// When the caller stops waiting; `None`: only the query timeout bounds
+    /// the call's statements.
+    pub answer_by: Option<tokio::time::Instant>,
+}
+
+impl CallTime {
+    /// A call whose caller waits until `answer_by`, if it said.
+    pub fn until(answer_by: Option<tokio::time::Instant>) -> Self {
+        CallTime {
+            connect_wait: None,
+            answer_by,
+        }
+    }
+
+    /// The same call, prepared to wait `wait` for a connection.
+    pub fn waiting(self, wait: Duration) -> Self {
+        CallTime {
+            connect_wait: Some(wait),
+            ..self
+        }
+    }
+
+    /// What is left of the caller's time now; `None`: no deadline.
+    pub(crate) fn left(&self) -> Option<Duration> {
+        self.answer_by
+            .map(|at| at.saturating_duration_since(tokio::time::Instant::now()))
+    }
+}
+
+impl From<Option<Duration>> for CallTime {
+    /// A call prepared to wait `wait` for a connection, with no deadline of
+    /// its own.
+    fn from(wait: Option<Duration>) -> Self {
+        CallTime {
+            connect_wait: wait,
+            answer_by: None,
+        }
+    }
+}
+
 /// Connection pool plus the test clock: cheap to clone, shared by every call.
 #[derive(Clone)]
 pub struct Store {
@@ -144,7 +198,7 @@ impl Store {
         &self,
         cmd: &AcquireCommand,
         watch: Duration,
-        wait: Option<Duration>,
+        time: CallTime,
     ) -> Result<Acquired, StoreError> {
         if let Some(replays) = &self.replays
             && let Some(now) = self.clock.database_now()
@@ -155,7 +209,7 @@ impl Store {
         let call = AcquireCall::new(cmd, watch)?;
         let batch = self.batches.as_ref().map(|b| &b.acquire);
         let row = self
-            .run_call(call, batch, wait)
+            .run_call(call, batch, time)
             .await?
             .ok_or_else(|| StoreError::Corrupt("idempotency_acquire returned no row".into()))?;
         let decision: &str = row.try_get("decision")?;
@@ -182,11 +236,11 @@ impl Store {
         &self,
         cmd: &CompleteCommand,
         backoff: Backoff,
-        wait: Option<Duration>,
+        time: impl Into<CallTime>,
     ) -> Result<Record, StoreError> {
         let call = CompleteCall::new(cmd, backoff);
         let batch = self.batches.as_ref().map(|b| &b.complete);
-        let row = self.run_call(call, batch, wait).await?;
+        let row = self.run_call(call, batch, time.into()).await?;
         record_unless_refused(row)
     }
 
@@ -195,9 +249,10 @@ impl Store {
         &self,
         cmd: &ExtendCommand,
         max_lease: Duration,
-        wait: Option<Duration>,
+        time: impl Into<CallTime>,
     ) -> Result<Lease, StoreError> {
-        let stamp = self.stamp();
+        let time = time.into();
+        let stamp = self.stamp(&time)?;
         let row = self
             .query_one(
                 EXTEND_LEASE,
@@ -212,15 +267,20 @@ impl Store {
                     &stamp.offset_ms,
                     &stamp.deadline,
                 ],
-                wait,
+                time,
             )
             .await?;
         record_unless_refused(row).map(|record| record.lease)
     }
 
     /// The live record, or `Refused(NotFound)`.
-    pub async fn get(&self, id: &RecordId, wait: Option<Duration>) -> Result<Record, StoreError> {
-        let stamp = self.stamp();
+    pub async fn get(
+        &self,
+        id: &RecordId,
+        time: impl Into<CallTime>,
+    ) -> Result<Record, StoreError> {
+        let time = time.into();
+        let stamp = self.stamp(&time)?;
         let row = self
             .query_one(
                 GET,
@@ -231,7 +291,7 @@ impl Store {
                     &stamp.offset_ms,
                     &stamp.deadline,
                 ],
-                wait,
+                time,
             )
             .await?
             .ok_or(Refusal::NotFound)?;
@@ -244,9 +304,10 @@ impl Store {
         &self,
         id: &RecordId,
         watch: Duration,
-        wait: Option<Duration>,
+        time: impl Into<CallTime>,
     ) -> Result<Record, StoreError> {
-        let stamp = self.stamp();
+        let time = time.into();
+        let stamp = self.stamp(&time)?;
         let row = self
             .query_one(
                 WATCH,
@@ -258,7 +319,7 @@ impl Store {
                     &stamp.offset_ms,
                     &stamp.deadline,
                 ],
-                wait,
+                time,
             )
             .await?
             .ok_or(Refusal::NotFound)?;

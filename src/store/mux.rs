@@ -131,11 +131,18 @@ impl Mux {
             .count()
     }
 
-    /// The next connection, connecting it (within `wait`) if it is new or
-    /// has closed.
+    /// The next connection, connecting it if it is new or has closed; within
+    /// `wait` in all, the time spent behind another call that is connecting
+    /// the same slot included.
     pub async fn get(&self, wait: Duration) -> Result<Arc<Shared>, StoreError> {
         let slot = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
-        self.get_slot(slot, wait).await
+        tokio::time::timeout(wait, self.get_slot(slot, wait))
+            .await
+            .unwrap_or_else(|_| {
+                Err(StoreError::Unavailable(Box::new(ConnectError::timed_out(
+                    &self.pg, wait,
+                ))))
+            })
     }
 
     async fn get_slot(&self, index: usize, wait: Duration) -> Result<Arc<Shared>, StoreError> {

@@ -57,7 +57,7 @@ impl Store {
         if let Some(mux) = &self.mux {
             return mux.probe(limit).await;
         }
-        let client = self.connection(Some(limit)).await?;
+        let client = self.connection(Some(limit).into()).await?;
         let answer =
             tokio::time::timeout(limit, async { Ok(client.batch_execute("").await?) }).await;
         self.answered_in_time(client, answer)

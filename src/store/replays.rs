@@ -185,6 +185,7 @@ mod tests {
             max_attempts: 10,
             retention: Duration::from_secs(3600),
             wait: Duration::ZERO,
+            answer_by: None,
         }
     }
 

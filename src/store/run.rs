@@ -14,19 +14,25 @@ use tokio_postgres::{Row, types::ToSql};
 use super::batch::{self, Call};
 use super::clock::Stamp;
 use super::connect_error::ConnectError;
-use super::error::QueryTimeout;
+use super::error::{PastDeadline, QueryTimeout};
 use super::mux::statement_limit;
-use super::{Store, StoreError};
+use super::{CallTime, Store, StoreError};
 
 pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 impl Store {
-    /// A pooled connection, waiting at most `wait` for one (`None`: the
-    /// configured wait).
-    pub(super) async fn connection(&self, wait: Option<Duration>) -> Result<Object, StoreError> {
-        let wait = wait.unwrap_or(self.connect_wait);
+    /// How long `time`'s call may wait for a connection now: its own wait
+    /// (or the configured one), never past its caller's deadline.
+    pub(super) fn connect_wait_of(&self, time: &CallTime) -> Duration {
+        let wait = time.connect_wait.unwrap_or(self.connect_wait);
+        time.left().map_or(wait, |left| wait.min(left))
+    }
+
+    /// A pooled connection, waiting at most as long as `time` allows.
+    pub(super) async fn connection(&self, time: CallTime) -> Result<Object, StoreError> {
+        let wait = self.connect_wait_of(&time);
         let timeouts = Timeouts {
             wait: Some(wait),
             create: Some(wait),
@@ -41,9 +47,9 @@ impl Store {
         &self,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
-        wait: Option<Duration>,
+        time: CallTime,
     ) -> Result<Vec<Row>, StoreError> {
-        let client = self.connection(wait).await?;
+        let client = self.connection(time).await?;
         let answer = tokio::time::timeout(self.query_timeout, async {
             let statement = client.prepare_cached(sql).await?;
             Ok(client.query(&statement, params).await?)
@@ -68,10 +74,20 @@ impl Store {
         })
     }
 
-    /// What a call's statement carries besides its arguments: the clock
-    /// offset, and the moment it must have finished by.
-    pub(super) fn stamp(&self) -> Stamp {
-        self.clock.stamp(statement_limit(self.query_timeout))
+    /// What a call's statement sent now carries besides its arguments: the
+    /// clock offset, and the moment it must have finished by (the query
+    /// timeout's limit, or sooner the caller's deadline, each less the
+    /// margin `statement_limit` keeps for the commit and the clocks' skew).
+    /// A call whose deadline has passed sends nothing.
+    pub(super) fn stamp(&self, time: &CallTime) -> Result<Stamp, StoreError> {
+        let limit = match time.left() {
+            None => self.query_timeout,
+            Some(left) if left.is_zero() => {
+                return Err(StoreError::Unavailable(Box::new(PastDeadline)));
+            }
+            Some(left) => left.min(self.query_timeout),
+        };
+        Ok(self.clock.stamp(statement_limit(limit)))
     }
 
     /// One row of a call's statement: pipelined on a shared connection when
@@ -84,24 +100,24 @@ impl Store {
         &self,
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
-        wait: Option<Duration>,
+        time: CallTime,
     ) -> Result<Option<Row>, StoreError> {
-        Box::pin(self.run_query_one(sql, params, wait)).await
+        Box::pin(self.run_query_one(sql, params, time)).await
     }
 
     pub(super) async fn run_query_one(
         &self,
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
-        wait: Option<Duration>,
+        time: CallTime,
     ) -> Result<Option<Row>, StoreError> {
         if let Some(mux) = &self.mux {
-            let shared = mux.get(wait.unwrap_or(self.connect_wait)).await?;
+            let shared = mux.get(self.connect_wait_of(&time)).await?;
             return mux
                 .in_time(&shared, self.query_timeout, shared.query_opt(sql, params))
                 .await;
         }
-        self.query_one_pooled(sql, params, wait).await
+        self.query_one_pooled(sql, params, time).await
     }
 
     /// One of the hot calls: queued for a batch when batching is on, else
@@ -115,13 +131,15 @@ impl Store {
         &'a self,
         call: C,
         batch: Option<&batch::Coalescer<C>>,
-        wait: Option<Duration>,
+        time: CallTime,
     ) -> impl Future<Output = Result<Option<Row>, StoreError>> + Send + 'a {
         match batch {
-            Some(batch) => Either::Left(batch.run(call, wait.unwrap_or(self.connect_wait))),
+            Some(batch) => {
+                Either::Left(batch.run(call, self.connect_wait_of(&time), time.answer_by))
+            }
             None => Either::Right(Box::pin(async move {
-                let stamp = self.stamp();
-                self.query_one(C::ALONE, call.params(&stamp).as_ref(), wait)
+                let stamp = self.stamp(&time)?;
+                self.query_one(C::ALONE, call.params(&stamp).as_ref(), time)
                     .await
             })),
         }
@@ -133,9 +151,9 @@ impl Store {
         &self,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
-        wait: Option<Duration>,
+        time: CallTime,
     ) -> Result<Option<Row>, StoreError> {
-        let client = self.connection(wait).await?;
+        let client = self.connection(time).await?;
         let answer = tokio::time::timeout(self.query_timeout, async {
             let statement = client.prepare_cached(sql).await?;
             Ok(client.query_opt(&statement, params).await?)

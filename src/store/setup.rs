@@ -108,7 +108,6 @@ impl Store {
                     clock: clock.clone(),
                     workers: config.shared_connections,
                     max_batch: config.batch_size,
-                    connect_wait: config.connect_wait,
                     query_timeout: config.query_timeout,
                 };
                 Some(Arc::new(Batches {

@@ -87,13 +87,28 @@ fn answer_by(budget: Duration) -> Duration {
     budget.saturating_sub((budget / 10).min(Duration::from_millis(100)))
 }
 
-/// How long the service has to answer: the caller's deadline, read once
-/// from `grpc-timeout` by admission, less the margin by which admission
-/// answers DEADLINE_EXCEEDED early (`answer_by`); handed to the service in
-/// the request's extensions, so that what the service bounds by it (a wait
-/// window, a connect wait) ends before admission gives up on the call.
+/// When the service must have answered: the caller's deadline, read once
+/// from `grpc-timeout` by admission when the call's headers arrived, less
+/// the margin by which admission answers DEADLINE_EXCEEDED early
+/// (`answer_by`); handed to the service in the request's extensions, so
+/// that what the service bounds by it (a wait window, a connect wait, the
+/// deadline its statements carry into the database) ends before admission
+/// gives up on the call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CallDeadline(pub Duration);
+pub struct CallDeadline(pub tokio::time::Instant);
+
+impl CallDeadline {
+    /// A deadline `budget` from now.
+    pub fn after(budget: Duration) -> Self {
+        CallDeadline(tokio::time::Instant::now() + budget)
+    }
+
+    /// What is left of it now.
+    pub fn left(&self) -> Duration {
+        self.0
+            .saturating_duration_since(tokio::time::Instant::now())
+    }
+}
 
 /// The bytes a call's headers take, as HTTP/2 counts them against its
 /// header list limit (name, value and 32 bytes each).
@@ -256,7 +271,9 @@ impl Admission {
         };
         let deadline = grpc_timeout(request.headers()).map(answer_by);
         if let Some(deadline) = deadline {
-            request.extensions_mut().insert(CallDeadline(deadline));
+            request
+                .extensions_mut()
+                .insert(CallDeadline::after(deadline));
         }
         Ok((reservation, limits, deadline))
     }

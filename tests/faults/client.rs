@@ -52,7 +52,7 @@ pub async fn h2(addr: SocketAddr) -> H2 {
     H2(send)
 }
 
-fn origin(addr: SocketAddr) -> http::Uri {
+pub fn origin(addr: SocketAddr) -> http::Uri {
     format!("http://{addr}").parse().unwrap()
 }
 

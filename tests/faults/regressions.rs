@@ -388,3 +388,239 @@ async fn regression_readiness_follows_the_network_within_two_seconds() {
         "readiness after the return: {back:?}"
     );
 }
+
+/// (f) A call's own deadline is the one the database enforces. Calls sent
+/// with a 3 s deadline into a paused network, under the default 10 s query
+/// timeout, are answered by their deadline; the network returns 2 s after
+/// that, and none of them has taken effect: no record for the keys of an
+/// Acquire, a waiting Acquire and a batch of Acquires, a held lease neither
+/// completed nor extended. The history checker finds no orphan lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_call_past_its_deadline_never_commits_later() {
+    let _turn = serial().await;
+    let env = Env::start(1, &["--connect-wait", "5s", "--query-timeout", "10s"]).await;
+    let monitor = Monitor::start(env.addr(0)).await;
+    assert!(
+        monitor
+            .until(now_us(), Duration::from_secs(10), ready)
+            .await
+            .is_some()
+    );
+    let history = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut client = Recording::connect(env.addr(0), std::sync::Arc::clone(&history)).await;
+    warm_up(&mut client).await;
+    // The history from the held leases on (final reads wait for every lease
+    // it names to run out).
+    history.lock().unwrap().clear();
+    let secs = |seconds| Some(prost_types::Duration { seconds, nanos: 0 });
+    let mut held = Vec::new();
+    for key in ["held-complete", "held-extend"] {
+        let req = proto::AcquireRequest {
+            scope: SCOPE.into(),
+            key: key.into(),
+            lease_ttl: secs(8),
+            ..Default::default()
+        };
+        let answer = client.acquire(req, Duration::from_secs(5)).await;
+        let lease = answer.and_then(Result::ok).and_then(|a| a.lease);
+        held.push(lease.expect("a lease").token);
+    }
+    let db = env.cluster.connect().await;
+    let lease_expiry = || async {
+        let row = db
+            .query_one(
+                "SELECT lease_expires_at FROM idempotency_keys WHERE idempotency_key = 'held-extend'",
+                &[],
+            )
+            .await
+            .unwrap();
+        row.get::<_, chrono::DateTime<chrono::Utc>>(0)
+    };
+    let expiry_before = lease_expiry().await;
+
+    let deadline = Duration::from_secs(3);
+    let new_keys: Vec<String> = ["alone", "waiting"]
+        .into_iter()
+        .map(String::from)
+        .chain((0..6).map(|i| format!("batch-{i}")))
+        .collect();
+    env.proxy.set(Mode::Blackhole);
+    let paused_at = Instant::now();
+    let mut calls = tokio::task::JoinSet::new();
+    for key in &new_keys {
+        let mut c = client.clone();
+        let req = proto::AcquireRequest {
+            scope: SCOPE.into(),
+            key: key.clone(),
+            lease_ttl: secs(300),
+            wait: if key == "waiting" { secs(10) } else { None },
+            ..Default::default()
+        };
+        calls.spawn(async move {
+            let answer = c.acquire(req, deadline).await;
+            format!("{:?}", answer.map(|a| a.err().map(|s| s.code())))
+        });
+    }
+    let mut c = client.clone();
+    let token = held[0].clone();
+    calls.spawn(async move {
+        let req = proto::CompleteRequest {
+            scope: SCOPE.into(),
+            key: "held-complete".into(),
+            lease_token: token,
+            outcome: Some(proto::complete_request::Outcome::Success(proto::Success {
+                result: b"late".to_vec(),
+                ..Default::default()
+            })),
+        };
+        let answer = c.complete(req, deadline).await;
+        format!("{:?}", answer.map(|a| a.err().map(|s| s.code())))
+    });
+    let addr = env.addr(0);
+    let token = held[1].clone();
+    calls.spawn(async move {
+        let mut raw = proto::coordinator_client::CoordinatorClient::with_origin(
+            crate::client::h2(addr).await,
+            crate::client::origin(addr),
+        );
+        let mut req = tonic::Request::new(proto::ExtendLeaseRequest {
+            scope: SCOPE.into(),
+            key: "held-extend".into(),
+            lease_token: token,
+            extend_by: secs(600),
+            ..Default::default()
+        });
+        req.set_timeout(deadline);
+        format!("{:?}", raw.extend_lease(req).await.err().map(|s| s.code()))
+    });
+    let answers = calls.join_all().await;
+    let answered_in = paused_at.elapsed();
+    // The network returns 2 s after the deadline.
+    tokio::time::sleep((deadline + Duration::from_secs(2)).saturating_sub(paused_at.elapsed()))
+        .await;
+    env.proxy.set(Mode::Pass);
+    assert!(
+        monitor
+            .until(now_us(), Duration::from_secs(15), ready)
+            .await
+            .is_some(),
+        "not ready again"
+    );
+    until_settled(&env).await;
+
+    let mut problems = Vec::new();
+    for key in &new_keys {
+        let rows = db
+            .query(
+                "SELECT status FROM idempotency_keys WHERE idempotency_key = $1",
+                &[key],
+            )
+            .await
+            .unwrap();
+        if !rows.is_empty() {
+            let status: String = rows[0].get(0);
+            problems.push(format!("{key}: a {status} record"));
+        }
+    }
+    let completed: String = db
+        .query_one(
+            "SELECT status FROM idempotency_keys WHERE idempotency_key = 'held-complete'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    if completed != "PROCESSING" {
+        problems.push(format!(
+            "held-complete: {completed} after a Complete past its deadline"
+        ));
+    }
+    let expiry_after = lease_expiry().await;
+    if expiry_after != expiry_before {
+        problems.push(format!(
+            "held-extend: the lease moved from {expiry_before} to {expiry_after} after an ExtendLease past its deadline"
+        ));
+    }
+    let mut entries = history.lock().unwrap().clone();
+    final_reads(&env.cluster, &mut entries).await;
+    problems.extend(
+        idempotency_coordinator::history::check(&entries)
+            .iter()
+            .map(ToString::to_string),
+    );
+    println!(
+        "REGRESSION f: calls with a {deadline:?} deadline answered within {answered_in:?}: {answers:?}"
+    );
+    assert!(
+        answered_in < deadline + MARGIN,
+        "answered after {answered_in:?}"
+    );
+    assert_none("calls past their deadline that took effect", &problems);
+}
+
+/// (g) A call waits at most its connect wait for a connection. With the
+/// network cut and the server's connections already given up on, calls
+/// arriving one after another (while batch workers are busy connecting for
+/// the calls before them) are answered UNAVAILABLE within --connect-wait,
+/// not after a connection attempt begun for earlier calls plus one of their
+/// own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_call_waits_at_most_its_connect_wait_for_a_connection() {
+    let _turn = serial().await;
+    let connect_wait = Duration::from_secs(1);
+    let env = Env::start(1, &["--connect-wait", "1s", "--query-timeout", "1s"]).await;
+    let monitor = Monitor::start(env.addr(0)).await;
+    assert!(
+        monitor
+            .until(now_us(), Duration::from_secs(10), ready)
+            .await
+            .is_some()
+    );
+    let history = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut client = Recording::connect(env.addr(0), std::sync::Arc::clone(&history)).await;
+    warm_up(&mut client).await;
+    env.proxy.set(Mode::Blackhole);
+    // The probe finds the shared connections dead and retires them: from
+    // then on every call needs a new connection, which the cut network
+    // never completes.
+    assert!(
+        monitor
+            .until(now_us(), Duration::from_secs(10), not_ready)
+            .await
+            .is_some(),
+        "readiness did not notice the cut"
+    );
+    history.lock().unwrap().clear();
+    let mut calls = tokio::task::JoinSet::new();
+    for wave in 0..15 {
+        for i in 0..2 {
+            let mut c = client.clone();
+            calls.spawn(async move {
+                let req = proto::AcquireRequest {
+                    scope: SCOPE.into(),
+                    key: format!("cut-{wave}-{i}"),
+                    ..Default::default()
+                };
+                c.acquire(req, Duration::from_secs(8)).await;
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    calls.join_all().await;
+    env.proxy.set(Mode::Pass);
+    let limit = connect_wait + Duration::from_millis(300);
+    let mut problems = Vec::new();
+    let mut slowest = Duration::ZERO;
+    for e in history.lock().unwrap().iter() {
+        let Entry::Call(c) = e else { continue };
+        let took = Duration::from_micros(c.took_us() as u64);
+        slowest = slowest.max(took);
+        if c.code != "UNAVAILABLE" || took > limit {
+            problems.push(format!("{} answered {} after {took:?}", c.key, c.code));
+        }
+    }
+    println!(
+        "REGRESSION g: 30 calls on a cut network; the slowest answered after {slowest:?} (connect-wait {connect_wait:?})"
+    );
+    assert_none("calls past their connect wait", &problems);
+}
