@@ -42,7 +42,6 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tonic::Code;
 
 /// The services and methods this server answers: the only values the
@@ -89,8 +88,14 @@ const BATCH_BUCKETS: [f64; 11] = [
 /// How long a sweeping round takes, in seconds.
 const SWEEP_BUCKETS: [f64; 10] = [0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0];
 
-/// Scrape connections served at once; more wait to be accepted.
-const MAX_SCRAPE_CONNECTIONS: usize = 16;
+/// Scrape connections open at once; past it, a new one closes the one idle
+/// longest (if idle for `SCRAPE_EVICTABLE_AFTER`), or waits for one to end.
+pub const MAX_SCRAPE_CONNECTIONS: usize = 128;
+
+/// How long a scrape connection must have gone without a request before a
+/// new connection may close it: a scraper's connection sends its request
+/// at once, and is never closed before the server has read it.
+const SCRAPE_EVICTABLE_AFTER: Duration = Duration::from_millis(250);
 
 /// How long a scraper may take to send its request's headers.
 const SCRAPE_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -908,18 +913,82 @@ fn answer(request: &Request<Incoming>, snapshot: &SnapshotFn) -> Response<String
     response
 }
 
+/// The scrape connections open, each with the moment it was accepted or
+/// last began a request. When all [`MAX_SCRAPE_CONNECTIONS`] are open, a new
+/// connection closes the one that has gone longest without a request: a
+/// peer that opens connections and sends half a request head (or nothing)
+/// cannot keep a scraper out, since a scraper sends its request as soon as
+/// it connects.
+#[derive(Default)]
+struct Scrapers {
+    open: std::sync::Mutex<std::collections::HashMap<u64, (Instant, tokio::task::AbortHandle)>>,
+}
+
+impl Scrapers {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<
+        '_,
+        std::collections::HashMap<u64, (Instant, tokio::task::AbortHandle)>,
+    > {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether there is room for one more connection, closing the one that
+    /// has gone longest without a request if all the room is taken and it
+    /// has been idle long enough.
+    fn make_room(&self) -> bool {
+        let mut open = self.lock();
+        if open.len() < MAX_SCRAPE_CONNECTIONS {
+            return true;
+        }
+        let Some((id, at)) = open
+            .iter()
+            .min_by_key(|(_, (at, _))| *at)
+            .map(|(id, (at, _))| (*id, *at))
+        else {
+            return true;
+        };
+        if at.elapsed() < SCRAPE_EVICTABLE_AFTER {
+            return false;
+        }
+        if let Some((_, task)) = open.remove(&id) {
+            task.abort();
+            tracing::debug!("metrics listener: closed the scrape connection idle longest");
+        }
+        true
+    }
+
+    fn active(&self, id: u64) {
+        if let Some((at, _)) = self.lock().get_mut(&id) {
+            *at = Instant::now();
+        }
+    }
+}
+
+/// Takes a connection out of [`Scrapers`] when its task ends or is aborted.
+struct Open {
+    scrapers: Arc<Scrapers>,
+    id: u64,
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.scrapers.lock().remove(&self.id);
+    }
+}
+
 /// Serves `GET /metrics` over plain HTTP/1.1 on `listener` until the task is
 /// aborted, reading the state from `snapshot` at each scrape. At most
-/// `MAX_SCRAPE_CONNECTIONS` connections are served at once.
+/// `MAX_SCRAPE_CONNECTIONS` connections are open at once, each given at
+/// most `SCRAPE_HEADER_TIMEOUT` for a request head; past the cap a new
+/// connection takes the place of the one idle longest.
 pub async fn serve(listener: TcpListener, snapshot: SnapshotFn) {
-    let scrapers = Arc::new(Semaphore::new(MAX_SCRAPE_CONNECTIONS));
+    let scrapers = Arc::new(Scrapers::default());
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(SCRAPE_HEADER_TIMEOUT);
-    loop {
-        let Ok(permit) = Arc::clone(&scrapers).acquire_owned().await else {
-            return;
-        };
+    for id in 0u64.. {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(e) => {
@@ -929,20 +998,33 @@ pub async fn serve(listener: TcpListener, snapshot: SnapshotFn) {
                 continue;
             }
         };
+        while !scrapers.make_room() {
+            tokio::time::sleep(SCRAPE_EVICTABLE_AFTER / 5).await;
+        }
         let snapshot = Arc::clone(&snapshot);
+        let seen = Arc::clone(&scrapers);
         let connection = http.serve_connection(
             TokioIo::new(stream),
             service_fn(move |request| {
+                seen.active(id);
                 let response = answer(&request, &snapshot);
                 async move { Ok::<_, Infallible>(response) }
             }),
         );
-        tokio::spawn(async move {
+        let open = Open {
+            scrapers: Arc::clone(&scrapers),
+            id,
+        };
+        // Registered before the task can end (it takes the same lock to
+        // leave).
+        let mut registry = scrapers.lock();
+        let task = tokio::spawn(async move {
+            let _open = open;
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "metrics connection ended");
             }
-            drop(permit);
         });
+        registry.insert(id, (Instant::now(), task.abort_handle()));
     }
 }
 

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use idempotency_coordinator::proto::coordinator_client::CoordinatorClient;
@@ -491,4 +492,46 @@ fn the_parser_reads_escaped_label_values() {
     );
     assert_eq!(s.value("with", &[("a", "1")]), None, "labels match exactly");
     assert_eq!(s.value("empty", &[]), Some(1.0));
+}
+
+/// Peers that open connections to the metrics port and send half a request
+/// head, opening a new one as each closes, do not keep a scraper out: every
+/// scrape meanwhile answers within two seconds.
+#[tokio::test]
+async fn half_open_request_heads_do_not_keep_scrapes_out() {
+    let db = TestDatabase::create().await;
+    let server = ServerProcess::start_with(&db.url, &["--metrics-listen", "127.0.0.1:0"]).await;
+    let metrics = metrics_addr(&server);
+    until_ready(metrics).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut holders = tokio::task::JoinSet::new();
+    for _ in 0..200 {
+        let stop = Arc::clone(&stop);
+        holders.spawn(async move {
+            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let Ok(mut tcp) = tokio::net::TcpStream::connect(metrics).await else {
+                    continue;
+                };
+                let _ = tcp.write_all(b"GET /metrics HTTP/1.1\r\nHo").await;
+                // Held until the server closes it (or the test ends).
+                let mut sink = [0u8; 64];
+                let _ = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut sink)).await;
+            }
+        });
+    }
+    // Let the half-open heads take every place first.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut took = Vec::new();
+    for _ in 0..4 {
+        let started = std::time::Instant::now();
+        let scraped = tokio::time::timeout(Duration::from_secs(2), scrape(metrics)).await;
+        took.push(started.elapsed());
+        assert!(
+            scraped.is_ok(),
+            "a scrape did not finish within 2 s while half-open heads were held: {took:?}"
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    holders.abort_all();
 }
