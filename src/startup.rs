@@ -205,24 +205,36 @@ struct WaitingForDatabase;
 /// connections, the listener, the runtime's own, the webhook's and logs.
 const RESERVED_FILES: usize = 64;
 
-/// The connection limit in force: the configured one, lowered (with a
-/// warning) so that client connections cannot take the descriptors that
-/// database connections need.
-fn connection_cap(config: &ServeConfig) -> usize {
+/// The connection limit in force on each client port: the configured one,
+/// lowered (with a warning) so that every port at its limit together, the
+/// metrics port's connections and the database connections fit in the open
+/// file limit. One budget of descriptors, shared out equally between the
+/// client ports (`ports`: the gRPC port, and the HTTP port if served), so
+/// that a flood on one port cannot take the descriptors another port's
+/// connections need.
+fn connection_cap(config: &ServeConfig, ports: usize, metrics_port: bool) -> usize {
     let wanted = config.connections.max_connections;
     let Some(files) = transport::raise_open_file_limit() else {
         return wanted;
     };
-    let reserved = RESERVED_FILES + config.store.pool_size + config.store.shared_connections;
-    let fits = usize::try_from(files)
+    let scrapers = if metrics_port {
+        metrics::MAX_SCRAPE_CONNECTIONS
+    } else {
+        0
+    };
+    let reserved =
+        RESERVED_FILES + config.store.pool_size + config.store.shared_connections + scrapers;
+    let fits = (usize::try_from(files)
         .unwrap_or(usize::MAX)
         .saturating_sub(reserved)
-        .max(1);
+        / ports.max(1))
+    .max(1);
     if fits < wanted {
         tracing::warn!(
             max_connections = fits,
             configured = wanted,
             open_file_limit = files,
+            ports,
             "the open file limit lowers the connection limit"
         );
     }
@@ -586,6 +598,8 @@ impl Application {
             config.request_body_timeout,
         ));
         metrics::set_scope_labels(config.metrics_scope_labels);
+        let ports = if http_listener.is_some() { 2 } else { 1 };
+        let cap = connection_cap(&config, ports, metrics_listener.is_some());
         let exporting = metrics_listener.map(|listener| {
             if let Ok(addr) = listener.local_addr() {
                 tracing::info!(%addr, "serving metrics at /metrics");
@@ -596,7 +610,7 @@ impl Application {
             ))
         });
         let mut connections = config.connections;
-        connections.max_connections = connection_cap(&config);
+        connections.max_connections = cap;
         tracing::info!(
             %addr,
             tls = tls.is_some(),

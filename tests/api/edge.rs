@@ -607,3 +607,60 @@ async fn a_tonic_client_whose_deadline_passes_hears_deadline_exceeded_not_its_ow
     assert!(codes.contains(&tonic::Code::DeadlineExceeded), "{codes:?}");
     open.rollback().await.unwrap();
 }
+
+/// The ports share one budget of descriptors: under a 256 open file limit,
+/// the HTTP port full of connections that hold half a request head and 70
+/// held gRPC connections leave the descriptors a new gRPC client needs.
+#[tokio::test]
+async fn a_full_http_port_leaves_the_grpc_port_its_descriptors() {
+    let db = TestDatabase::create().await;
+    let server = ServerProcess::launch(
+        &db.url,
+        &["--http-listen", "127.0.0.1:0", "--sweep-interval", "0s"],
+        Launch {
+            open_files: Some(256),
+            ..Launch::default()
+        },
+    )
+    .await;
+    let http = server
+        .logs()
+        .iter()
+        .find_map(|line| {
+            let entry: serde_json::Value = serde_json::from_str(line).ok()?;
+            if entry["fields"]["message"] != "serving HTTP/JSON" {
+                return None;
+            }
+            entry["fields"]["addr"]
+                .as_str()?
+                .parse::<std::net::SocketAddr>()
+                .ok()
+        })
+        .expect("the server logs its HTTP port");
+    let mut held = Vec::new();
+    for _ in 0..200 {
+        let Ok(Ok(mut tcp)) =
+            tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(http)).await
+        else {
+            continue;
+        };
+        let _ = tcp.write_all(b"GET /health HTTP/1.1\r\nHo").await;
+        held.push(tcp);
+    }
+    for _ in 0..70 {
+        let mut tcp = TcpStream::connect(server.addr).await.unwrap();
+        tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .await
+            .unwrap();
+        held.push(tcp);
+    }
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(3))
+        .timeout(Duration::from_secs(3));
+    let channel = channel.connect().await.expect("a new gRPC connection");
+    let mut client = proto::coordinator_client::CoordinatorClient::new(channel);
+    let answer = client.acquire(acquire("s", "one-budget")).await;
+    assert!(answer.is_ok(), "{answer:?}");
+    drop(held);
+}
