@@ -331,7 +331,12 @@ impl Embedded {
                 "unix_socket_permissions=0700",
             ])
             .stdout(log_file()?)
-            .stderr(log_file()?);
+            .stderr(log_file()?)
+            // A process group of its own: Ctrl-C in a terminal interrupts
+            // the terminal's foreground group, and the database must keep
+            // serving until this process has drained its calls and stops
+            // it (`Embedded::stop`).
+            .process_group(0);
         // SAFETY: prctl is async-signal-safe. It runs after the user change,
         // which would otherwise clear it: the database gets SIGINT (a fast
         // shutdown) when this process ends, however it ends.

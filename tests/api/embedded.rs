@@ -145,3 +145,57 @@ async fn a_second_server_on_the_same_data_dir_fails_fast_naming_it() {
     proceed(&mut c, acquire("s", "still")).await;
     assert!(server.terminate().await.success());
 }
+
+/// Ctrl-C in a terminal interrupts the whole foreground job: the server
+/// drains (a waiting Acquire gets its normal answer) while its private
+/// PostgreSQL, in a process group of its own, keeps serving; the server
+/// then stops the database and exits.
+#[tokio::test]
+async fn ctrl_c_to_the_process_group_drains_before_the_database_stops() {
+    let dir = DataDir::new();
+    let server = ServerProcess::launch(
+        "",
+        &["--sweep-interval", "0s"],
+        Launch {
+            data_dir: Some(&dir.0),
+            process_group: true,
+            ..Launch::default()
+        },
+    )
+    .await;
+    let mut c = server.client().await;
+    proceed(&mut c, acquire("s", "held")).await;
+    let mut waiting = acquire("s", "held");
+    waiting.wait = secs(3);
+    let mut waiter_client = c.clone();
+    let waiter = tokio::spawn(async move { waiter_client.acquire(waiting).await });
+    // The waiter's first decision has marked the record watched.
+    let url = idempotency_coordinator::embedded::database_url(&dir.0);
+    let (db, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the private database");
+    tokio::spawn(connection);
+    eventually("the waiter to wait", Duration::from_secs(10), || async {
+        let row = db
+            .query_one(
+                "SELECT coalesce(watch_until > clock_timestamp(), false) FROM idempotency_keys WHERE idempotency_key = 'held'",
+                &[],
+            )
+            .await
+            .ok()?;
+        row.get::<_, bool>(0).then_some(())
+    })
+    .await;
+    drop(db);
+
+    server.signal_group("INT");
+    let answer = waiter.await.unwrap();
+    let answer = answer.expect("the waiter's normal answer, not an error");
+    assert_eq!(decision(&answer.into_inner()), proto::Decision::InProgress);
+    assert!(server.exited().await.success());
+    assert_eq!(
+        processes_of(&dir.0),
+        Vec::<String>::new(),
+        "the server stopped its database"
+    );
+}

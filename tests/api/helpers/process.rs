@@ -31,6 +31,10 @@ pub struct Launch<'a> {
     /// Return once the port is served, without waiting for the server to
     /// reach (and migrate) its database.
     pub before_database: bool,
+    /// Start the server as the leader of a process group of its own (as a
+    /// shell does with a foreground job), so that the group can be
+    /// signalled as a terminal signals it.
+    pub process_group: bool,
 }
 
 impl ServerProcess {
@@ -64,6 +68,9 @@ impl ServerProcess {
             None => {
                 command.args(["--database-url", database_url]);
             }
+        }
+        if launch.process_group {
+            command.process_group(0);
         }
         if let Some(files) = launch.open_files {
             // SAFETY: setrlimit is async-signal-safe and touches no memory
@@ -137,6 +144,26 @@ impl ServerProcess {
             .status()
             .expect("run kill");
         assert!(sent.success(), "kill -{signal} {pid}");
+    }
+
+    /// Sends `signal` to the process's group, as a terminal sends Ctrl-C to
+    /// its foreground job (the process must lead a group of its own:
+    /// [`Launch::process_group`]).
+    pub fn signal_group(&self, signal: &str) {
+        let pid = self.child.id().expect("running");
+        let sent = std::process::Command::new("kill")
+            .args([format!("-{signal}"), "--".into(), format!("-{pid}")])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -{signal} -- -{pid}");
+    }
+
+    /// Waits for the process to exit by itself; returns its status.
+    pub async fn exited(mut self) -> std::process::ExitStatus {
+        tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("the server did not exit within 30 s")
+            .expect("wait for the server")
     }
 
     /// Kills the process with SIGKILL (no chance to clean up) and waits
