@@ -33,6 +33,9 @@ const DATABASE: &str = "idempotency";
 /// How long PostgreSQL may take to start, or to stop.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a start waits for the processes of a database killed with its
+/// coordinator (SIGKILL of both) to let go of the data dir.
+const LEFTOVERS_WAIT: Duration = Duration::from_secs(20);
 
 #[derive(Debug, thiserror::Error)]
 pub enum EmbeddedError {
@@ -66,6 +69,10 @@ pub enum EmbeddedError {
     Spawn(String, #[source] io::Error),
     #[error("PostgreSQL did not accept connections within {0:?}; see {1}")]
     NotReady(Duration, PathBuf),
+    #[error(
+        "the processes of an earlier database in {0} still hold it after {1:?} (a coordinator and its database killed, say); stop the `postgres` processes of that data dir, then start again (see {2})"
+    )]
+    LeftBehind(PathBuf, Duration, PathBuf),
     #[error("cannot create the database {DATABASE}")]
     CreateDatabase(#[source] tokio_postgres::Error),
 }
@@ -318,61 +325,43 @@ impl Embedded {
         }
         wait_for_earlier_postmaster(&pgdata).await;
 
-        let mut postgres = command(&bin, "postgres", owner);
-        postgres
-            .arg("-D")
-            .arg(&pgdata)
-            .arg("-k")
-            .arg(&socket)
-            .args([
-                "-c",
-                "listen_addresses=",
-                "-c",
-                "unix_socket_permissions=0700",
-            ])
-            .stdout(log_file()?)
-            .stderr(log_file()?)
-            // A process group of its own: Ctrl-C in a terminal interrupts
-            // the terminal's foreground group, and the database must keep
-            // serving until this process has drained its calls and stops
-            // it (`Embedded::stop`).
-            .process_group(0);
-        // SAFETY: prctl is async-signal-safe. It runs after the user change,
-        // which would otherwise clear it: the database gets SIGINT (a fast
-        // shutdown) when this process ends, however it ends.
-        unsafe {
-            postgres.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGINT) == -1 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut postmaster = postgres
-            .spawn()
-            .map_err(|e| EmbeddedError::Spawn("postgres".into(), e))?;
-
         let url = format!("host={} user=postgres dbname=postgres", socket.display());
         let deadline = Instant::now() + START_TIMEOUT;
-        let admin = loop {
-            if let Ok(Some(status)) = postmaster.try_wait() {
+        // Until then, a database that will not start because the processes
+        // of a killed one still hold the data dir is started again.
+        let leftovers_by = Instant::now() + LEFTOVERS_WAIT;
+        let (postmaster, admin) = 'started: loop {
+            let mut postmaster = spawn_postmaster(&bin, owner, &pgdata, &socket, &log_file)?;
+            let exited = loop {
+                if let Ok(Some(status)) = postmaster.try_wait() {
+                    break status;
+                }
+                if let Ok((client, connection)) =
+                    tokio_postgres::connect(&url, tokio_postgres::NoTls).await
+                {
+                    tokio::spawn(connection);
+                    break 'started (postmaster, client);
+                }
+                if Instant::now() > deadline {
+                    let _ = postmaster.start_kill();
+                    return Err(EmbeddedError::NotReady(START_TIMEOUT, log));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            if !left_behind(&log) {
                 return Err(EmbeddedError::Command {
                     command: "postgres".into(),
-                    status: status.to_string(),
+                    status: exited.to_string(),
                     log,
                 });
             }
-            if let Ok((client, connection)) =
-                tokio_postgres::connect(&url, tokio_postgres::NoTls).await
-            {
-                tokio::spawn(connection);
-                break client;
+            if Instant::now() > leftovers_by {
+                return Err(EmbeddedError::LeftBehind(pgdata, LEFTOVERS_WAIT, log));
             }
-            if Instant::now() > deadline {
-                let _ = postmaster.start_kill();
-                return Err(EmbeddedError::NotReady(START_TIMEOUT, log));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tracing::info!(
+                "the database of an earlier coordinator of this data dir is still exiting; starting again shortly"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
         };
         let exists = admin
             .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&DATABASE])
@@ -416,6 +405,64 @@ impl Embedded {
             }
         }
     }
+}
+
+/// Starts the postmaster on `pgdata`, listening on `socket` alone.
+fn spawn_postmaster(
+    bin: &Path,
+    owner: Option<(u32, u32)>,
+    pgdata: &Path,
+    socket: &Path,
+    log_file: &dyn Fn() -> Result<File, EmbeddedError>,
+) -> Result<tokio::process::Child, EmbeddedError> {
+    let mut postgres = command(bin, "postgres", owner);
+    postgres
+        .arg("-D")
+        .arg(pgdata)
+        .arg("-k")
+        .arg(socket)
+        .args([
+            "-c",
+            "listen_addresses=",
+            "-c",
+            "unix_socket_permissions=0700",
+        ])
+        .stdout(log_file()?)
+        .stderr(log_file()?)
+        // A process group of its own: Ctrl-C in a terminal interrupts
+        // the terminal's foreground group, and the database must keep
+        // serving until this process has drained its calls and stops
+        // it (`Embedded::stop`).
+        .process_group(0);
+    // SAFETY: prctl is async-signal-safe. It runs after the user change,
+    // which would otherwise clear it: the database gets SIGINT (a fast
+    // shutdown) when this process ends, however it ends.
+    unsafe {
+        postgres.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGINT) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    postgres
+        .spawn()
+        .map_err(|e| EmbeddedError::Spawn("postgres".into(), e))
+}
+
+/// Whether the database's last words in `log` say that processes of an
+/// earlier one still hold the data dir: its postmaster not yet reaped (its
+/// lock file names a pid that still exists), or its sessions still
+/// attached to its shared memory. Both go away on their own.
+fn left_behind(log: &Path) -> bool {
+    let Ok(text) = std::fs::read(log) else {
+        return false;
+    };
+    let tail = &text[text.len().saturating_sub(2048)..];
+    let tail = String::from_utf8_lossy(tail);
+    let last_start = tail.rfind("FATAL").map_or("", |at| &tail[at..]);
+    last_start.contains("lock file \"postmaster.pid\" already exists")
+        || last_start.contains("is still in use")
 }
 
 fn signal(pid: u32, signal: libc::c_int) {

@@ -199,3 +199,38 @@ async fn ctrl_c_to_the_process_group_drains_before_the_database_stops() {
         "the server stopped its database"
     );
 }
+
+/// The server and its database both killed with SIGKILL (a container
+/// stopped hard, say), then started again at once: the next start waits
+/// for what the killed database left behind and comes up.
+#[tokio::test]
+async fn a_restart_right_after_both_were_killed_comes_up() {
+    let dir = DataDir::new();
+    let server = start(&dir.0).await;
+    let mut c = server.client().await;
+    let granted = proceed(&mut c, acquire("s", "kept")).await;
+    c.complete(complete("s", "kept", &token(&granted), success(b"ok")))
+        .await
+        .unwrap();
+    let postmaster: i32 = std::fs::read_to_string(dir.0.join("postgres/postmaster.pid"))
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: kill has no memory effects.
+    unsafe {
+        libc::kill(postmaster, libc::SIGKILL);
+    }
+    server.kill().await;
+
+    let next = start(&dir.0).await;
+    let mut c = next.client().await;
+    assert_eq!(
+        decision(&answer(&mut c, "kept").await),
+        proto::Decision::AlreadyDone
+    );
+    assert!(next.terminate().await.success());
+}
