@@ -11,7 +11,7 @@ use clap::Parser;
 use idempotency_coordinator::config::{Cli, Command, DatabaseArgs, HealthArgs, ServeConfig};
 use idempotency_coordinator::embedded::{self, Embedded};
 use idempotency_coordinator::error::cause_chain;
-use idempotency_coordinator::startup::{Application, StartupError, wait_for_database};
+use idempotency_coordinator::startup::{Application, Listeners, StartupError, wait_for_database};
 use idempotency_coordinator::store::{Clock, Store, StoreConfig, connect_error};
 use idempotency_coordinator::{shutdown, telemetry};
 
@@ -84,11 +84,15 @@ where
 async fn run(cli: Cli) -> Result<(), StartupError> {
     match cli.command {
         Command::Serve(mut args) => {
+            // The ports first: one in use is said before a private
+            // PostgreSQL is started for nothing.
+            let listeners =
+                Listeners::bind(args.listen, args.http_listen, args.metrics_listen).await?;
             let db = args.database.clone();
             on_database(&db, |url| async move {
                 args.database.database_url = Some(url);
                 // Serves at once; the database is waited for while serving.
-                let app = Application::bind(ServeConfig::from(*args)).await?;
+                let app = Application::bind_on(ServeConfig::from(*args), listeners).await?;
                 app.run_until(shutdown::signal()).await
             })
             .await

@@ -77,9 +77,11 @@ pub enum StartupError {
     Tls(#[from] TlsError),
     #[error("cannot migrate the database")]
     Migrate(#[from] migrate::MigrateError),
-    #[error("cannot listen on {addr}")]
+    #[error("{}", bind_failure(addr, flag, source))]
     Bind {
         addr: SocketAddr,
+        /// The flag that chose the address.
+        flag: &'static str,
         #[source]
         source: std::io::Error,
     },
@@ -241,6 +243,53 @@ fn connection_cap(config: &ServeConfig, ports: usize, metrics_port: bool) -> usi
     wanted.min(fits)
 }
 
+/// What a failed bind says: for a port in use, which flag moves it.
+fn bind_failure(addr: &SocketAddr, flag: &str, source: &std::io::Error) -> String {
+    if source.kind() == std::io::ErrorKind::AddrInUse {
+        format!("{addr} is in use; pass {flag} ADDR (or stop the other server)")
+    } else {
+        format!("cannot listen on {addr} ({flag})")
+    }
+}
+
+/// The ports a server serves, bound first, before anything is started (a
+/// private PostgreSQL included): a port in use is said at once.
+pub struct Listeners {
+    grpc: TcpListener,
+    metrics: Option<TcpListener>,
+    http: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// Binds the gRPC port (`--listen`), and the HTTP/JSON and metrics
+    /// ports when given.
+    pub async fn bind(
+        listen: SocketAddr,
+        http_listen: Option<SocketAddr>,
+        metrics_listen: Option<SocketAddr>,
+    ) -> Result<Self, StartupError> {
+        async fn one(addr: SocketAddr, flag: &'static str) -> Result<TcpListener, StartupError> {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| StartupError::Bind { addr, flag, source })
+        }
+        let grpc = one(listen, "--listen").await?;
+        let http = match http_listen {
+            Some(addr) => Some(one(addr, "--http-listen").await?),
+            None => None,
+        };
+        let metrics = match metrics_listen {
+            Some(addr) => Some(one(addr, "--metrics-listen").await?),
+            None => None,
+        };
+        Ok(Listeners {
+            grpc,
+            metrics,
+            http,
+        })
+    }
+}
+
 /// A bound server, ready to run: built (database reached and migrated) or
 /// only bound (`run_until` then waits for the database while it serves).
 pub struct Application {
@@ -287,6 +336,14 @@ impl Application {
     /// certificates, and binds the port. `run_until` then serves at once and
     /// waits for the database (and migrates it) in the background.
     pub async fn bind(config: ServeConfig) -> Result<Self, StartupError> {
+        let listeners =
+            Listeners::bind(config.listen, config.http_listen, config.metrics_listen).await?;
+        Application::bind_on(config, listeners).await
+    }
+
+    /// [`Application::bind`] on ports already bound (`Listeners::bind`,
+    /// before anything else was started).
+    pub async fn bind_on(config: ServeConfig, listeners: Listeners) -> Result<Self, StartupError> {
         config.policy.check().map_err(StartupError::Config)?;
         if config.max_request_bytes < config.policy.max_result_bytes + REQUEST_OVERHEAD_BYTES {
             return Err(StartupError::Config(format!(
@@ -305,29 +362,11 @@ impl Application {
         let tls = config.tls.clone().map(Tls::load).transpose()?.map(Arc::new);
         let pg = store::connect_error::check_url(&config.store.database_url)?;
         let store = Store::new(&config.store, Clock::default()).map_err(StartupError::Database)?;
-        let listener =
-            TcpListener::bind(config.listen)
-                .await
-                .map_err(|source| StartupError::Bind {
-                    addr: config.listen,
-                    source,
-                })?;
-        let metrics_listener = match config.metrics_listen {
-            Some(addr) => Some(
-                TcpListener::bind(addr)
-                    .await
-                    .map_err(|source| StartupError::Bind { addr, source })?,
-            ),
-            None => None,
-        };
-        let http_listener = match config.http_listen {
-            Some(addr) => Some(
-                TcpListener::bind(addr)
-                    .await
-                    .map_err(|source| StartupError::Bind { addr, source })?,
-            ),
-            None => None,
-        };
+        let Listeners {
+            grpc: listener,
+            metrics: metrics_listener,
+            http: http_listener,
+        } = listeners;
         let waiter_limits = config.waiter_limits;
         Ok(Application {
             listener,
@@ -427,6 +466,7 @@ impl Application {
         let reloading = tokio::spawn(reload_on_hangup(Arc::clone(&auth), tls.clone()));
         let addr = listener.local_addr().map_err(|source| StartupError::Bind {
             addr: config.listen,
+            flag: "--listen",
             source,
         })?;
 

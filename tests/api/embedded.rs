@@ -234,3 +234,56 @@ async fn a_restart_right_after_both_were_killed_comes_up() {
     );
     assert!(next.terminate().await.success());
 }
+
+/// A port in use is found before anything is started: `serve` on a fresh
+/// data dir exits within a second, naming the flag that moves the port,
+/// and starts no PostgreSQL (nor creates its files). For each port.
+#[tokio::test]
+async fn a_port_in_use_is_said_at_once_naming_its_flag_and_nothing_starts() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = taken.local_addr().unwrap().to_string();
+    for (flag, args) in [
+        ("--listen", vec!["--listen", busy.as_str()]),
+        (
+            "--http-listen",
+            vec!["--listen", "127.0.0.1:0", "--http-listen", busy.as_str()],
+        ),
+        (
+            "--metrics-listen",
+            vec!["--listen", "127.0.0.1:0", "--metrics-listen", busy.as_str()],
+        ),
+    ] {
+        let dir = DataDir::new();
+        let started = std::time::Instant::now();
+        let out = tokio::time::timeout(
+            Duration::from_secs(5),
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"))
+                .arg("serve")
+                .args(&args)
+                .arg("--data-dir")
+                .arg(&dir.0)
+                .env_remove("DATABASE_URL")
+                .output(),
+        )
+        .await
+        .expect("serve exits")
+        .unwrap();
+        let took = started.elapsed();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag}: {said}");
+        assert!(
+            took < Duration::from_secs(1),
+            "{flag}: exited after {took:?}"
+        );
+        assert!(
+            said.contains(&format!("{busy} is in use; pass {flag} ADDR")),
+            "{flag}: {said}"
+        );
+        assert!(
+            !dir.0.join("postgres").exists(),
+            "{flag}: the private PostgreSQL's files were created"
+        );
+        assert_eq!(processes_of(&dir.0), Vec::<String>::new(), "{flag}");
+    }
+    drop(taken);
+}
