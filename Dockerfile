@@ -40,6 +40,11 @@ LABEL org.opencontainers.image.title="idempotency-coordinator" \
 COPY --from=build /idempotency-coordinator /usr/local/bin/idempotency-coordinator
 # distroless's nonroot user, by number so that Kubernetes can check runAsNonRoot.
 USER 65532:65532
+# Configure the server through its environment (IDEMPOTENCY_LISTEN,
+# IDEMPOTENCY_TLS_CERT, ...; `serve --help` names each), not flags: the
+# health check below is another process, and reads the same variables, so
+# it asks the port and speaks the TLS the server was given.
+ENV IDEMPOTENCY_LISTEN=0.0.0.0:50051
 EXPOSE 50051
 # Ready while the server answers its own readiness check (no shell here).
 HEALTHCHECK --interval=5s --timeout=6s --retries=3 \
@@ -47,4 +52,4 @@ HEALTHCHECK --interval=5s --timeout=6s --retries=3 \
 # The server drains on SIGTERM (readiness first, then calls in flight).
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["/usr/local/bin/idempotency-coordinator"]
-CMD ["serve", "--listen", "0.0.0.0:50051"]
+CMD ["serve"]

@@ -1,23 +1,4 @@
-//! Client for the idempotency coordinator: run each side-effecting
-//! operation exactly once.
-//!
-//! ```no_run
-//! use idempotency_client::{Client, ClientOptions, Fingerprint, RunOptions, WorkError};
-//!
-//! # async fn charge(order: &str) -> Result<String, std::io::Error> { Ok(String::new()) }
-//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-//! let client = Client::connect("http://127.0.0.1:50051", ClientOptions::default()).await?;
-//! let done = client
-//!     .run_once("payments.charge", "order-42", Fingerprint::None, &RunOptions::default(),
-//!         |lease| async move {
-//!             // lease.fencing_token() goes with every downstream write.
-//!             let receipt = charge("order-42").await?; // io::Error: retryable
-//!             Ok::<_, WorkError<std::io::Error>>(receipt)
-//!         })
-//!     .await?;
-//! println!("{} (replayed: {})", done.value, done.replayed);
-//! # Ok(()) }
-//! ```
+#![doc = include_str!("../README.md")]
 
 mod client;
 mod codec;
