@@ -122,13 +122,57 @@ pub enum Command {
 
 #[derive(Debug, Clone, Args)]
 pub struct HealthArgs {
-    /// The server's gRPC address (plaintext).
-    #[arg(long, default_value = "127.0.0.1:50051")]
-    pub target: String,
+    /// The server's gRPC address: the address `serve` listens on (the same
+    /// flag and environment variable), an unspecified one (0.0.0.0, [::])
+    /// asked on loopback.
+    #[arg(long, env = "IDEMPOTENCY_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+    /// Ask this address instead (host:port).
+    #[arg(long)]
+    pub target: Option<String>,
     /// The health service to ask: `idempotency.v1.Coordinator` is readiness
     /// (the database answers), `""` liveness.
     #[arg(long, default_value = "idempotency.v1.Coordinator")]
     pub service: String,
+    /// The server's TLS certificate (the same flag and environment variable
+    /// as `serve`): ask over TLS, trusting exactly that certificate.
+    #[arg(long, env = "IDEMPOTENCY_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// Its key, presented with the certificate as a client certificate when
+    /// the server requires one (--tls-client-ca).
+    #[arg(long, env = "IDEMPOTENCY_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Set when the server requires client certificates (mutual TLS).
+    #[arg(long, env = "IDEMPOTENCY_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+}
+
+impl HealthArgs {
+    /// Where to ask: `--target`, or the listen address (on loopback when it
+    /// names every interface).
+    pub fn target(&self) -> String {
+        if let Some(target) = &self.target {
+            return target.clone();
+        }
+        let mut addr = self.listen;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(match addr {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+        addr.to_string()
+    }
+
+    /// The server's certificate files, when it serves TLS.
+    pub fn tls(&self) -> Option<TlsFiles> {
+        let (cert, key) = (self.tls_cert.clone()?, self.tls_key.clone()?);
+        Some(TlsFiles {
+            cert,
+            key,
+            client_ca: self.tls_client_ca.clone(),
+        })
+    }
 }
 
 #[derive(Debug, Clone, Args)]

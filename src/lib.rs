@@ -65,6 +65,9 @@
 //!   limits, and one shared read per record for the waiters a change wakes.
 //! - [`tls`]: TLS and mutual TLS on the gRPC and HTTP ports, reloadable.
 //! - [`shutdown`]: the signals that start a graceful shutdown.
+//! - [`health`]: the `health` command, which asks a server's health service
+//!   as a container's health check does (same address and TLS flags as
+//!   `serve`).
 //! - [`telemetry`]: logging and traces: the set-up (log format, the OTLP
 //!   span exporter) and each Coordinator call's span (method, tenant, scope,
 //!   hashed key, decision or error reason, duration; the caller's W3C trace
@@ -96,6 +99,7 @@ pub mod config;
 pub mod domain;
 pub mod embedded;
 pub mod error;
+pub mod health;
 pub mod history;
 pub mod http;
 pub mod metrics;

@@ -8,7 +8,7 @@ use std::future::Future;
 use std::process::ExitCode;
 
 use clap::Parser;
-use idempotency_coordinator::config::{Cli, Command, DatabaseArgs, HealthArgs, ServeConfig};
+use idempotency_coordinator::config::{Cli, Command, DatabaseArgs, ServeConfig};
 use idempotency_coordinator::embedded::{self, Embedded};
 use idempotency_coordinator::error::cause_chain;
 use idempotency_coordinator::startup::{Application, Listeners, StartupError, wait_for_database};
@@ -32,34 +32,6 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[unsafe(export_name = "_rjem_malloc_conf")]
 static MALLOC_CONF: &u8 =
     &b"background_thread:true,narenas:1,lg_tcache_max:10,dirty_decay_ms:500,muzzy_decay_ms:0\0"[0];
-
-/// Asks a server's health service once, within a few seconds.
-async fn health(args: &HealthArgs) -> Result<(), StartupError> {
-    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
-    let unhealthy =
-        |why: String| StartupError::Config(format!("{} is not serving: {why}", args.target));
-    let check = async {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", args.target))
-            .map_err(|e| unhealthy(e.to_string()))?
-            .connect()
-            .await
-            .map_err(|e| unhealthy(cause_chain(&e)))?;
-        let answer = HealthClient::new(channel)
-            .check(HealthCheckRequest {
-                service: args.service.clone(),
-            })
-            .await
-            .map_err(|status| unhealthy(status.message().to_owned()))?
-            .into_inner();
-        match answer.status() {
-            tonic_health::pb::health_check_response::ServingStatus::Serving => Ok(()),
-            other => Err(unhealthy(other.as_str_name().to_owned())),
-        }
-    };
-    tokio::time::timeout(std::time::Duration::from_secs(5), check)
-        .await
-        .unwrap_or_else(|_| Err(unhealthy("no answer within 5 s".to_owned())))
-}
 
 /// Runs `work` on the database URL given, or on a private PostgreSQL
 /// started for it and stopped after it, whatever `work` returned.
@@ -97,7 +69,9 @@ async fn run(cli: Cli) -> Result<(), StartupError> {
             })
             .await
         }
-        Command::Health(args) => health(&args).await,
+        Command::Health(args) => idempotency_coordinator::health::check(&args)
+            .await
+            .map_err(|e| StartupError::Unhealthy(e.to_string())),
         Command::Migrate(db) => {
             on_database(&db, |url| async move {
                 let pg = connect_error::check_url(&url)?;

@@ -160,3 +160,83 @@ impl Tls {
             .clone()
     }
 }
+
+/// A client configuration that trusts exactly the server certificate in
+/// `files` (its leaf, compared byte for byte, and the handshake signed by
+/// its key): for a process that asks its own server, on loopback, whether
+/// it serves (the `health` command), where no name or CA says more than
+/// that. With a client CA (mutual TLS) it presents the same certificate and
+/// key as its own, which the server accepts when one CA issued both.
+pub fn own_server_client_config(files: &TlsFiles) -> Result<rustls::ClientConfig, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let certs = certificates(&files.cert)?;
+    let verifier = Arc::new(OwnCertificate {
+        leaf: certs[0].clone(),
+        algorithms: provider.signature_verification_algorithms,
+    });
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
+    let mut config = match &files.client_ca {
+        Some(_) => {
+            let key =
+                PrivateKeyDer::from_pem_file(&files.key).map_err(|source| TlsError::Read {
+                    path: files.key.clone(),
+                    source,
+                })?;
+            builder.with_client_auth_cert(certs, key)?
+        }
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
+}
+
+/// Accepts the one certificate the server was configured with.
+#[derive(Debug)]
+struct OwnCertificate {
+    leaf: CertificateDer<'static>,
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
+}
+
+impl rustls::client::danger::ServerCertVerifier for OwnCertificate {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        if end_entity.as_ref() == self.leaf.as_ref() {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}

@@ -156,5 +156,68 @@ async fn the_health_command_exits_zero_only_while_the_server_is_ready() {
     let gone = health(addr.to_string()).await;
     assert!(!gone.status.success());
     let said = String::from_utf8_lossy(&gone.stderr);
-    assert!(said.contains("is not serving"), "{said}");
+    assert!(
+        said.contains(&format!("{addr} is not serving: connection refused")),
+        "{said}"
+    );
+    assert!(!said.contains("configuration"), "{said}");
+    assert_eq!(
+        said.matches("refused").count(),
+        1,
+        "one cause, once: {said}"
+    );
+}
+
+/// The image's health check runs `health` with the environment `serve`
+/// reads: it asks the address the server listens on (an unspecified one on
+/// loopback), over TLS with the server's own certificate, presenting it as
+/// a client certificate when the server requires one.
+#[tokio::test]
+async fn the_health_command_reads_the_servers_address_and_tls_from_the_environment() {
+    let db = TestDatabase::create().await;
+    let pki = pki(&["coordinator.internal"]);
+    let files = PemFiles::new();
+    let cert = files.write("cert.pem", &pki.cert);
+    let key = files.write("key.pem", &pki.key);
+    let ca = files.write("ca.pem", &pki.ca);
+    let (cert, key, ca) = (
+        cert.to_str().unwrap(),
+        key.to_str().unwrap(),
+        ca.to_str().unwrap(),
+    );
+    let server = ServerProcess::launch(
+        &db.url,
+        &["--tls-cert", cert, "--tls-key", key, "--tls-client-ca", ca],
+        Launch::default(),
+    )
+    .await;
+    let listen = format!("0.0.0.0:{}", server.addr.port());
+    let health = |env: Vec<(&'static str, String)>| async move {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"))
+            .arg("health")
+            .env_clear()
+            .envs(env)
+            .output()
+            .await
+            .expect("run the health command")
+    };
+    let env = vec![
+        ("IDEMPOTENCY_LISTEN", listen.clone()),
+        ("IDEMPOTENCY_TLS_CERT", cert.to_owned()),
+        ("IDEMPOTENCY_TLS_KEY", key.to_owned()),
+        ("IDEMPOTENCY_TLS_CLIENT_CA", ca.to_owned()),
+    ];
+    let ready = eventually("readiness", std::time::Duration::from_secs(10), || {
+        let env = env.clone();
+        async move {
+            let out = health(env).await;
+            out.status.success().then_some(out)
+        }
+    })
+    .await;
+    assert!(ready.status.success());
+    // Plaintext to a TLS port is not serving.
+    let plain = health(vec![("IDEMPOTENCY_LISTEN", listen)]).await;
+    assert!(!plain.status.success());
+    assert!(server.terminate().await.success());
 }
