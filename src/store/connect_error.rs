@@ -53,7 +53,7 @@ impl ConnectTarget {
                 #[cfg(unix)]
                 (None, Some(Host::Unix(dir))) => {
                     format!(
-                        "the socket {}",
+                        "{SOCKET}{}",
                         dir.join(format!(".s.PGSQL.{}", port(i))).display()
                     )
                 }
@@ -67,9 +67,14 @@ impl ConnectTarget {
         }
     }
 
-    /// `host:port` (or the socket) of each host, for log fields.
+    /// `host:port` (or the socket's path) of each host, for log fields.
     pub fn places(&self) -> String {
-        self.places.join(", ")
+        let places: Vec<&str> = self
+            .places
+            .iter()
+            .map(|p| p.strip_prefix(SOCKET).unwrap_or(p))
+            .collect();
+        places.join(", ")
     }
 
     /// The database's name, as the URL gives it or as the server will pick it.
@@ -88,6 +93,9 @@ impl ConnectTarget {
             .unwrap_or_else(|| "(this process's OS user)".to_owned())
     }
 }
+
+/// How a unix socket is named in messages.
+const SOCKET: &str = "the socket ";
 
 fn tcp_place(host: &str, port: u16) -> String {
     if host.contains(':') {

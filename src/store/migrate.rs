@@ -111,8 +111,11 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, MigrateError> {
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await?;
+    // Quiet: PostgreSQL's NOTICE that the table already exists would reach
+    // the log at every start.
     tx.batch_execute(
-        "CREATE TABLE IF NOT EXISTS idempotency_schema_migrations (
+        "SET LOCAL client_min_messages = warning;
+         CREATE TABLE IF NOT EXISTS idempotency_schema_migrations (
              version    integer     PRIMARY KEY,
              name       text        NOT NULL,
              checksum   text        NOT NULL,

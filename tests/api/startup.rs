@@ -470,3 +470,19 @@ async fn a_database_lost_after_start_is_logged_in_the_same_sentences() {
         once(&listener, "cannot connect");
     }
 }
+
+/// A restart on a migrated database logs no PostgreSQL NOTICE (the
+/// migrations table "already exists, skipping").
+#[tokio::test]
+async fn a_restart_logs_no_notice_of_the_migrations_table() {
+    let db = TestDatabase::create().await;
+    let first = ServerProcess::start(&db.url).await;
+    assert!(first.terminate().await.success());
+    let again = ServerProcess::start(&db.url).await;
+    let logs = again.logs();
+    assert!(
+        !logs.iter().any(|l| l.contains("already exists")),
+        "{logs:#?}"
+    );
+    assert!(again.terminate().await.success());
+}
