@@ -1,0 +1,306 @@
+//! The HTTP/JSON door against what a hostile peer sends: credentials
+//! before a byte of budget, budgets grown as bytes arrive and shared out by
+//! tenant and connection, JSON counted before it is parsed, browsers'
+//! cross-site requests, and HTTP/1.1 as RFC 9112 has it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use idempotency_coordinator::proto::Decision;
+use idempotency_coordinator::proto::coordinator_client::CoordinatorClient;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
+use crate::helpers::*;
+
+const TOKEN_A: &str = "tenant-a-secret-token-1";
+const TOKEN_B: &str = "tenant-b-secret-token-2";
+
+/// A server process requiring credentials (tenants a and b), with its
+/// HTTP/JSON and metrics ports.
+async fn guarded_server(db: &TestDatabase, tokens: &TokenFile) -> (ServerProcess, SocketAddr) {
+    let path = tokens.path.to_str().unwrap();
+    let server = ServerProcess::start_with(
+        &db.url,
+        &[
+            "--auth-tokens",
+            path,
+            "--http-listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--sweep-interval",
+            "0s",
+        ],
+    )
+    .await;
+    let http = server.logged_addr("serving HTTP/JSON");
+    (server, http)
+}
+
+fn tokens() -> TokenFile {
+    TokenFile::new(&format!("{TOKEN_A} tenant-a\n{TOKEN_B} tenant-b\n"))
+}
+
+/// The head of a POST to `path` (Content-Type JSON), with `extra` header
+/// lines (each ending in CRLF) and no blank line after them yet.
+fn head(path: &str, extra: &str) -> String {
+    format!("POST {path} HTTP/1.1\r\nHost: door\r\nContent-Type: application/json\r\n{extra}")
+}
+
+/// Reads an answer's status code from `tcp`, if one arrives within 5 s.
+async fn status_of(tcp: &mut (impl tokio::io::AsyncRead + Unpin)) -> Option<u16> {
+    let mut answer = Vec::new();
+    let read = async {
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = tcp.read(&mut buf).await.ok()?;
+            if n == 0 {
+                return None;
+            }
+            answer.extend_from_slice(&buf[..n]);
+            if answer.windows(4).any(|w| w == b"\r\n\r\n") {
+                let text = String::from_utf8_lossy(&answer);
+                return text.split(' ').nth(1)?.parse().ok();
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), read)
+        .await
+        .ok()
+        .flatten()
+}
+
+fn http_client() -> reqwest::Client {
+    idempotency_coordinator::tls::install_crypto_provider();
+    reqwest::Client::new()
+}
+
+async fn scrape(server: &ServerProcess) -> String {
+    let addr = server.logged_addr("serving metrics at /metrics");
+    http_client()
+        .get(format!("http://{addr}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The value of the sample line that starts with `series`.
+fn sample(scrape: &str, series: &str) -> f64 {
+    scrape
+        .lines()
+        .find_map(|line| line.strip_prefix(series))
+        .and_then(|rest| rest.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in\n{scrape}"))
+}
+
+async fn grpc_client(server: &ServerProcess, token: &str) -> AuthedClient {
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let value = format!("Bearer {token}").parse().unwrap();
+    CoordinatorClient::with_interceptor(channel, Bearer(value))
+}
+
+#[tokio::test]
+async fn peers_that_declare_large_bodies_and_send_a_byte_lock_no_tenant_out_on_either_port() {
+    let db = TestDatabase::create().await;
+    let tokens = tokens();
+    let (server, http) = guarded_server(&db, &tokens).await;
+
+    // 16 connections without credentials, each declaring the largest body
+    // (by Content-Length, or chunked) and sending one byte of it: answered
+    // 401 at once from their headers, their body never read.
+    let mut held = Vec::new();
+    for i in 0..16 {
+        let framing = if i % 2 == 0 {
+            "Content-Length: 8388608\r\n\r\n{"
+        } else {
+            "Transfer-Encoding: chunked\r\n\r\n1\r\n{\r\n"
+        };
+        let path = ["/acquire", "/idempotency.v1.Coordinator/Acquire"][i % 4 / 2];
+        let mut tcp = TcpStream::connect(http).await.unwrap();
+        tcp.write_all(head(path, framing).as_bytes()).await.unwrap();
+        assert_eq!(status_of(&mut tcp).await, Some(401), "connection {i}");
+        held.push(tcp);
+    }
+    // 16 more of tenant a, with credentials, that hold their bodies open:
+    // each holds the byte it sent, not the 8 MiB it declared.
+    for i in 0..16 {
+        let framing = if i % 2 == 0 {
+            "Content-Length: 8388608\r\n\r\n{"
+        } else {
+            "Transfer-Encoding: chunked\r\n\r\n1\r\n{\r\n"
+        };
+        let auth = format!("Authorization: Bearer {TOKEN_A}\r\n{framing}");
+        let mut tcp = TcpStream::connect(http).await.unwrap();
+        tcp.write_all(head("/acquire", &auth).as_bytes())
+            .await
+            .unwrap();
+        held.push(tcp);
+    }
+
+    // Meanwhile every call of tenant b succeeds, on both ports, and so do
+    // tenant a's own.
+    let mut b = grpc_client(&server, TOKEN_B).await;
+    let mut a = grpc_client(&server, TOKEN_A).await;
+    for i in 0..20 {
+        let answer = b
+            .acquire(acquire("s", &format!("grpc-{i}")))
+            .await
+            .expect("tenant b's gRPC call is served")
+            .into_inner();
+        assert_eq!(decision(&answer), Decision::Proceed);
+    }
+    let answer = a.acquire(acquire("s", "a-grpc")).await.expect("tenant a");
+    assert_eq!(decision(&answer.into_inner()), Decision::Proceed);
+    let client = http_client();
+    for i in 0..20 {
+        let response = client
+            .post(format!("http://{http}/acquire"))
+            .header("authorization", format!("Bearer {TOKEN_B}"))
+            .header("content-type", "application/json")
+            .body(json!({"scope": "s", "idempotency_key": format!("http-{i}")}).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "tenant b's HTTP call {i}");
+        let answer: Value = response.json().await.unwrap();
+        assert_eq!(answer["decision"], "PROCEED");
+    }
+
+    // Every refusal is counted.
+    let scrape = scrape(&server).await;
+    let refused = sample(
+        &scrape,
+        r#"idempotency_requests_refused_total{port="http",reason="unauthenticated"}"#,
+    );
+    assert!(refused >= 16.0, "{refused} refusals counted");
+    drop(held);
+}
+
+/// An 8 MiB JSON body of four million values: `[ 0,0,…,0]`.
+fn many_values() -> Vec<u8> {
+    const LEN: usize = 8 * 1024 * 1024;
+    let mut body = b"[ ".to_vec();
+    while body.len() < LEN - 2 {
+        body.extend_from_slice(b"0,");
+    }
+    body.extend_from_slice(b"0]");
+    assert_eq!(body.len(), LEN);
+    body
+}
+
+#[tokio::test]
+async fn json_bodies_of_millions_of_values_are_refused_unparsed_and_memory_stays_flat() {
+    let db = TestDatabase::create().await;
+    let tokens = tokens();
+    let (server, http) = guarded_server(&db, &tokens).await;
+    let pid = server.pid();
+    let body = Arc::new(many_values());
+
+    // Warm: one ordinary call on each route.
+    let client = http_client();
+    for path in ["/acquire", "/idempotency.v1.Coordinator/Get"] {
+        let response = client
+            .post(format!("http://{http}{path}"))
+            .header("authorization", format!("Bearer {TOKEN_A}"))
+            .header("content-type", "application/json")
+            .body(json!({"scope": "s", "idempotency_key": "warm", "key": "warm"}).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert!(response.status().as_u16() < 500);
+    }
+    let before = resident_kib(pid);
+    let peak = Arc::new(AtomicU64::new(before));
+    let sampler = {
+        let peak = Arc::clone(&peak);
+        tokio::spawn(async move {
+            loop {
+                peak.fetch_max(resident_kib(pid), Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+
+    // Eight senders: four without credentials, four with (two tenants),
+    // on the workflow and Connect routes; each sends all 8 MiB unless the
+    // server has answered and closed first.
+    let senders = (0..8).map(|i| {
+        let body = Arc::clone(&body);
+        tokio::spawn(async move {
+            let path = ["/acquire", "/idempotency.v1.Coordinator/Acquire"][i % 2];
+            let auth = match i % 4 {
+                0 | 1 => String::new(),
+                2 => format!("Authorization: Bearer {TOKEN_A}\r\n"),
+                _ => format!("Authorization: Bearer {TOKEN_B}\r\n"),
+            };
+            let framing = format!("{auth}Content-Length: {}\r\n\r\n", body.len());
+            let tcp = TcpStream::connect(http).await.unwrap();
+            let (mut read, mut write) = tcp.into_split();
+            write
+                .write_all(head(path, &framing).as_bytes())
+                .await
+                .unwrap();
+            let writing = tokio::spawn(async move {
+                for piece in body.chunks(64 * 1024) {
+                    if write.write_all(piece).await.is_err() {
+                        return;
+                    }
+                }
+                // Hold the connection until the answer is read.
+                std::future::pending::<()>().await;
+            });
+            let status = status_of(&mut read).await;
+            writing.abort();
+            (i % 4 < 2, status)
+        })
+    });
+    for answer in futures::future::join_all(senders).await {
+        let (anonymous, status) = answer.unwrap();
+        if anonymous {
+            assert_eq!(status, Some(401), "a sender without credentials");
+        } else {
+            assert!(
+                matches!(status, Some(400 | 413)),
+                "an authenticated sender: {status:?}"
+            );
+        }
+    }
+    sampler.abort();
+    let peak = peak.load(Ordering::Relaxed);
+    println!("server memory: {before} KiB before, {peak} KiB at most while the bodies arrived");
+    assert!(peak < before + 64 * 1024, "grew by {} KiB", peak - before);
+
+    // The refusal names the limit.
+    let response = client
+        .post(format!("http://{http}/acquire"))
+        .header("authorization", format!("Bearer {TOKEN_A}"))
+        .header("content-type", "application/json")
+        .body(format!("[{}0]", "0,".repeat(2000)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(answer["reason"], "TOO_MANY_JSON_VALUES", "{answer}");
+    assert!(
+        answer["error"].as_str().unwrap().contains("1000"),
+        "{answer}"
+    );
+    let mut a = grpc_client(&server, TOKEN_A).await;
+    let answer = a
+        .acquire(acquire("s", "after"))
+        .await
+        .expect("still serving");
+    assert_eq!(decision(&answer.into_inner()), Decision::Proceed);
+}
