@@ -15,8 +15,8 @@
 //! [`Admission`] in process, as a gRPC request (the caller's `authorization`
 //! passed through): credentials, tenants, byte budgets, deadlines, metrics,
 //! traces and the database gate apply exactly as to gRPC callers. Before
-//! a byte of a body is read, the door checks the caller's credentials on
-//! the headers. The body is then held to twice
+//! a byte of a body is read, the door checks the headers: no browser's
+//! cross-site request, the caller's credentials, the content type. The body is then held to twice
 //! `--max-request-bytes` (base64 grows bytes by 4/3), `--request-body-timeout`
 //! and [`MAX_JSON_VALUES`] (counted as it arrives), and charged to
 //! admission's byte budget (and the tenant's and the connection's shares)
@@ -203,9 +203,16 @@ impl Door {
 
     /// The caller of a request that carries a body, from its headers
     /// alone, before a byte of the body is read or of the budget taken: a
-    /// request without valid credentials (when they are required) is
-    /// refused.
+    /// browser's cross-site request is refused, and so is a request without
+    /// valid credentials (when they are required).
     fn caller(&self, headers: &HeaderMap) -> Result<Caller, DoorError> {
+        let cross_site = headers
+            .get_all("sec-fetch-site")
+            .iter()
+            .any(|v| v.as_bytes().eq_ignore_ascii_case(b"cross-site"));
+        if cross_site {
+            return Err(DoorError::CrossSite);
+        }
         self.auth
             .caller_from_headers(headers)
             .map_err(DoorError::Unauthenticated)

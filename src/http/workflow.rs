@@ -38,6 +38,7 @@ use serde_json::{Map, Value, json};
 use tonic::Code;
 
 use super::connect::retry_after_seconds;
+use super::connect::{Codec, codec};
 use super::{Door, DoorError, HeldBody, Media, json_response, parse_json, violations};
 use crate::domain::{Key, Record, RecordId, Scope, Status};
 use crate::error::Error;
@@ -218,6 +219,9 @@ async fn json_request(
     request: Request<Incoming>,
 ) -> Result<(http::request::Parts, HeldBody), DoorError> {
     let caller = door.caller(request.headers())?;
+    if codec(request.headers()) != Some(Codec::Json) {
+        return Err(DoorError::MediaType("application/json"));
+    }
     let (parts, body) = request.into_parts();
     let body = door.read_body(body, &parts, &caller, Media::Json).await?;
     Ok((parts, body))

@@ -304,3 +304,62 @@ async fn json_bodies_of_millions_of_values_are_refused_unparsed_and_memory_stays
         .expect("still serving");
     assert_eq!(decision(&answer.into_inner()), Decision::Proceed);
 }
+
+async fn http_app() -> TestApp {
+    spawn_app_with(|c| c.http_listen = Some("127.0.0.1:0".parse().unwrap())).await
+}
+
+#[tokio::test]
+async fn the_workflow_routes_take_json_only_and_no_cross_site_request() {
+    let app = http_app().await;
+    let url = format!("http://{}", app.http_addr.unwrap());
+    let client = http_client();
+    let body = json!({"scope": "s", "idempotency_key": "k", "final_status": "DONE"}).to_string();
+    // What a browser sends cross-site without asking first.
+    for path in ["/acquire", "/complete"] {
+        for content_type in [
+            Some("text/plain"),
+            Some("application/x-www-form-urlencoded"),
+            None,
+        ] {
+            let mut request = client.post(format!("{url}{path}")).body(body.clone());
+            if let Some(content_type) = content_type {
+                request = request.header("content-type", content_type);
+            }
+            let response = request.send().await.unwrap();
+            assert_eq!(response.status(), 415, "{path} {content_type:?}");
+            let answer: Value = response.json().await.unwrap();
+            assert_eq!(answer["reason"], "UNSUPPORTED_MEDIA_TYPE");
+            assert!(
+                answer["error"]
+                    .as_str()
+                    .unwrap()
+                    .contains("application/json")
+            );
+        }
+    }
+    for path in ["/acquire", "/idempotency.v1.Coordinator/Acquire"] {
+        let response = client
+            .post(format!("{url}{path}"))
+            .header("content-type", "application/json")
+            .header("sec-fetch-site", "cross-site")
+            .body(json!({"scope": "s", "idempotency_key": "k", "key": "k"}).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 403, "{path}");
+    }
+    assert_eq!(app.db.count_records().await, 0, "nothing was written");
+
+    // JSON with parameters, from the same site or a tool, is served.
+    let response = client
+        .post(format!("{url}/acquire"))
+        .header("content-type", "application/json; charset=utf-8")
+        .header("sec-fetch-site", "same-origin")
+        .body(json!({"scope": "s", "idempotency_key": "k"}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(app.db.count_records().await, 1);
+}
