@@ -15,8 +15,9 @@
 //! [`Admission`] in process, as a gRPC request (the caller's `authorization`
 //! passed through): credentials, tenants, byte budgets, deadlines, metrics,
 //! traces and the database gate apply exactly as to gRPC callers. Before
-//! a byte of a body is read, the door checks the headers: no browser's
-//! cross-site request, the caller's credentials, the content type. The body is then held to twice
+//! a byte of a body is read, the door checks the headers: HTTP/1.1 framing
+//! as RFC 9112 has it, no browser's cross-site request, the caller's
+//! credentials, the content type. The body is then held to twice
 //! `--max-request-bytes` (base64 grows bytes by 4/3), `--request-body-timeout`
 //! and [`MAX_JSON_VALUES`] (counted as it arrives), and charged to
 //! admission's byte budget (and the tenant's and the connection's shares)
@@ -34,7 +35,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut as _, Bytes, BytesMut};
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Version, header};
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::Incoming;
 use tokio::sync::Semaphore;
@@ -112,6 +113,33 @@ where
         .unwrap_or_else(|_| Err(DoorError::Syntax("the body could not be parsed".into())))
 }
 
+/// What RFC 9112 requires of an HTTP/1.1 request that hyper lets through:
+/// exactly one `Host` header (section 3.2), and no transfer coding but
+/// `chunked` (section 6.1: hyper refuses a list that does not end in
+/// `chunked`, and would hand `gzip, chunked` on still gzipped).
+fn well_formed<B>(request: &Request<B>) -> Result<(), DoorError> {
+    if request.version() != Version::HTTP_11 {
+        return Ok(());
+    }
+    if request.headers().get_all(header::HOST).iter().count() != 1 {
+        return Err(DoorError::Malformed(
+            "an HTTP/1.1 request carries exactly one Host header",
+        ));
+    }
+    let mut codings = request
+        .headers()
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|c| !c.is_empty());
+    match (codings.next(), codings.next()) {
+        (None, _) => Ok(()),
+        (Some(only), None) if only.eq_ignore_ascii_case(b"chunked") => Ok(()),
+        _ => Err(DoorError::TransferCoding),
+    }
+}
+
 /// What the door needs, shared by every connection of the HTTP port.
 pub struct Door {
     /// The gRPC port's admission, which every Coordinator call goes through.
@@ -177,6 +205,12 @@ impl Door {
     ) -> Response<HttpBody> {
         let path = request.uri().path().to_owned();
         let method = request.method().clone();
+        if let Err(e) = well_formed(&request) {
+            return match path.starts_with(connect::SERVICE_PREFIX) {
+                true => connect::refuse(&self, &e),
+                false => workflow::refuse(&e),
+            };
+        }
         if let Some(rpc) = path.strip_prefix(connect::SERVICE_PREFIX) {
             // The streaming methods as Server-Sent Events, the rest in
             // Connect's unary shape; both answer errors in Connect's JSON.
@@ -621,5 +655,40 @@ mod tests {
             "a\\nINJECTED fake\\u{1b}[2J: is not a field of this request"
         );
         assert_eq!(reason, "INVALID_ARGUMENT");
+    }
+
+    fn request(version: Version, headers: &[(&str, &str)]) -> Request<()> {
+        let mut builder = Request::builder().version(version).uri("/acquire");
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        builder.body(()).unwrap()
+    }
+
+    #[test]
+    fn http_1_1_requests_carry_one_host_and_no_coding_but_chunked() {
+        let ok = |headers: &[(&str, &str)]| well_formed(&request(Version::HTTP_11, headers));
+        assert!(ok(&[("host", "x")]).is_ok());
+        assert!(ok(&[("host", "x"), ("transfer-encoding", "Chunked")]).is_ok());
+        assert!(matches!(ok(&[]), Err(DoorError::Malformed(_))));
+        assert!(matches!(
+            ok(&[("host", "x"), ("host", "y")]),
+            Err(DoorError::Malformed(_))
+        ));
+        for coding in ["gzip, chunked", "chunked, chunked", "identity"] {
+            assert!(
+                matches!(
+                    ok(&[("host", "x"), ("transfer-encoding", coding)]),
+                    Err(DoorError::TransferCoding)
+                ),
+                "{coding}"
+            );
+        }
+        assert_eq!(
+            DoorError::TransferCoding.code_and_status().1,
+            StatusCode::NOT_IMPLEMENTED
+        );
+        // HTTP/2 carries the authority in the request's URI instead.
+        assert!(well_formed(&request(Version::HTTP_2, &[])).is_ok());
     }
 }

@@ -74,6 +74,14 @@ async fn status_of(tcp: &mut (impl tokio::io::AsyncRead + Unpin)) -> Option<u16>
         .flatten()
 }
 
+/// Sends `bytes` on a new connection to `addr` and reads the answer's
+/// status.
+async fn raw(addr: SocketAddr, bytes: &[u8]) -> Option<u16> {
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(bytes).await.unwrap();
+    status_of(&mut tcp).await
+}
+
 fn http_client() -> reqwest::Client {
     idempotency_coordinator::tls::install_crypto_provider();
     reqwest::Client::new()
@@ -361,5 +369,48 @@ async fn the_workflow_routes_take_json_only_and_no_cross_site_request() {
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
+    assert_eq!(app.db.count_records().await, 1);
+}
+
+#[tokio::test]
+async fn http_1_1_requests_rfc_9112_refuses_are_refused_and_write_nothing() {
+    let app = http_app().await;
+    let addr = app.http_addr.unwrap();
+    let json = r#"{"scope":"s","idempotency_key":"k"}"#;
+
+    // No Host.
+    let no_host = format!(
+        "POST /acquire HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{json}",
+        json.len()
+    );
+    assert_eq!(raw(addr, no_host.as_bytes()).await, Some(400));
+    // Two of them.
+    let two_hosts = format!(
+        "{}Host: other\r\nContent-Length: {}\r\n\r\n{json}",
+        head("/acquire", ""),
+        json.len()
+    );
+    assert_eq!(raw(addr, two_hosts.as_bytes()).await, Some(400));
+    // A transfer coding the server does not implement, before chunked.
+    let gzip = format!(
+        "{}Transfer-Encoding: gzip, chunked\r\n\r\n{:x}\r\n{json}\r\n0\r\n\r\n",
+        head("/acquire", ""),
+        json.len()
+    );
+    assert_eq!(raw(addr, gzip.as_bytes()).await, Some(501));
+    // Lengths past any body: too large (ours), or not a length (hyper's).
+    for (length, status) in [("18446744073709551613", 413), ("99999999999999999999", 400)] {
+        let huge = format!("{}Content-Length: {length}\r\n\r\n{{", head("/acquire", ""));
+        assert_eq!(raw(addr, huge.as_bytes()).await, Some(status), "{length}");
+    }
+    assert_eq!(app.db.count_records().await, 0, "nothing was written");
+
+    // And a well-formed one is served, chunked too.
+    let chunked = format!(
+        "{}Transfer-Encoding: chunked\r\n\r\n{:x}\r\n{json}\r\n0\r\n\r\n",
+        head("/acquire", ""),
+        json.len()
+    );
+    assert_eq!(raw(addr, chunked.as_bytes()).await, Some(200));
     assert_eq!(app.db.count_records().await, 1);
 }
