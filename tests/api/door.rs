@@ -414,3 +414,97 @@ async fn http_1_1_requests_rfc_9112_refuses_are_refused_and_write_nothing() {
     assert_eq!(raw(addr, chunked.as_bytes()).await, Some(200));
     assert_eq!(app.db.count_records().await, 1);
 }
+
+#[tokio::test]
+async fn one_tenant_holds_at_most_half_the_budget_and_its_refusals_are_counted_and_logged() {
+    let db = TestDatabase::create().await;
+    let tokens = tokens();
+    let (server, http) = guarded_server(&db, &tokens).await;
+
+    // Tenant a sends four bodies of the largest size but their last byte,
+    // and holds them open: together its whole half of the 64 MiB budget.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let framing = format!("Authorization: Bearer {TOKEN_A}\r\nContent-Length: 8388608\r\n\r\n");
+        let mut tcp = TcpStream::connect(http).await.unwrap();
+        tcp.write_all(head("/acquire", &framing).as_bytes())
+            .await
+            .unwrap();
+        tcp.write_all(&vec![b' '; 8 * 1024 * 1024 - 1])
+            .await
+            .unwrap();
+        held.push(tcp);
+    }
+    // Once they are in, tenant a's next request is refused 429.
+    let client = http_client();
+    let mut n = 0;
+    eventually(
+        "tenant a's share to be full",
+        Duration::from_secs(5),
+        || {
+            n += 1;
+            let request = client
+                .post(format!("http://{http}/acquire"))
+                .header("authorization", format!("Bearer {TOKEN_A}"))
+                .header("content-type", "application/json")
+                .body(json!({"scope": "s", "idempotency_key": format!("a-{n}")}).to_string())
+                .send();
+            async move {
+                let response = request.await.unwrap();
+                (response.status() == 429).then_some(())
+            }
+        },
+    )
+    .await;
+
+    // Meanwhile tenant a's share is full on the gRPC port too, and tenant b
+    // is served on both.
+    let mut a = grpc_client(&server, TOKEN_A).await;
+    let refused = a.acquire(acquire("s", "a")).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    let mut b = grpc_client(&server, TOKEN_B).await;
+    let answer = b.acquire(acquire("s", "b")).await.expect("tenant b");
+    assert_eq!(decision(&answer.into_inner()), Decision::Proceed);
+    let response = client
+        .post(format!("http://{http}/acquire"))
+        .header("authorization", format!("Bearer {TOKEN_B}"))
+        .header("content-type", "application/json")
+        .body(json!({"scope": "s", "idempotency_key": "b-http"}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+
+    let scrape = scrape(&server).await;
+    for port in ["http", "grpc"] {
+        let refused = sample(
+            &scrape,
+            &format!(
+                r#"idempotency_requests_refused_total{{port="{port}",reason="tenant_share"}}"#
+            ),
+        );
+        assert!(refused >= 1.0, "{port}: {refused}");
+    }
+    eventually(
+        "an info line about the full budget",
+        Duration::from_secs(10),
+        || async {
+            server
+                .logs()
+                .iter()
+                .any(|line| {
+                    line.contains("\"level\":\"INFO\"")
+                        && line.contains(
+                            "request refused: no room in the in-flight request byte budget",
+                        )
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    drop(held);
+}
