@@ -128,11 +128,6 @@ impl Reservation {
         Ok(())
     }
 
-    /// The bytes held.
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-
     /// Gives back all but `keep` bytes.
     fn shrink_to(&mut self, keep: usize) {
         if self.bytes > keep {

@@ -140,6 +140,34 @@ async fn peers_that_declare_large_bodies_and_send_a_byte_lock_no_tenant_out_on_e
         assert_eq!(status_of(&mut tcp).await, Some(401), "connection {i}");
         held.push(tcp);
     }
+    // And over HTTP/2 (h2c), streams of one connection that never end.
+    idempotency_coordinator::tls::install_crypto_provider();
+    let h2c = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let mut open_bodies = Vec::new();
+    for i in 0..8 {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+        tx.send(Ok(b"{".to_vec())).await.unwrap();
+        open_bodies.push(tx);
+        let answer = tokio::time::timeout(
+            Duration::from_secs(5),
+            h2c.post(format!("http://{http}/acquire"))
+                .header("content-type", "application/json")
+                .header("content-length", "8388608")
+                .body(reqwest::Body::wrap_stream(
+                    tokio_stream::wrappers::ReceiverStream::new(rx),
+                ))
+                .send(),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("h2c stream {i} was not answered at once"))
+        .unwrap();
+        assert_eq!(answer.version(), reqwest::Version::HTTP_2);
+        assert_eq!(answer.status(), 401, "h2c stream {i}");
+    }
+
     // 16 more of tenant a, with credentials, that hold their bodies open:
     // each holds the byte it sent, not the 8 MiB it declared.
     for i in 0..16 {
@@ -191,8 +219,8 @@ async fn peers_that_declare_large_bodies_and_send_a_byte_lock_no_tenant_out_on_e
         &scrape,
         r#"idempotency_requests_refused_total{port="http",reason="unauthenticated"}"#,
     );
-    assert!(refused >= 16.0, "{refused} refusals counted");
-    drop(held);
+    assert!(refused >= 24.0, "{refused} refusals counted");
+    drop((held, open_bodies));
 }
 
 /// An 8 MiB JSON body of four million values: `[ 0,0,…,0]`.
