@@ -536,3 +536,74 @@ async fn one_tenant_holds_at_most_half_the_budget_and_its_refusals_are_counted_a
     .await;
     drop(held);
 }
+
+#[tokio::test]
+async fn a_field_name_with_a_newline_or_escape_cannot_forge_or_colour_a_log_line() {
+    use std::process::Stdio;
+    use tokio::io::{AsyncBufReadExt as _, BufReader};
+
+    let db = TestDatabase::create().await;
+    // Text logs at debug, as an operator reads them.
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"))
+        .args(["--log-format", "text", "serve", "--listen", "127.0.0.1:0"])
+        .args(["--http-listen", "127.0.0.1:0", "--database-url", &db.url])
+        .env("RUST_LOG", "debug,h2=info,hyper=info,tokio_postgres=info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut next_line = async || {
+        tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("a log line within 30 s")
+            .unwrap()
+            .expect("the server is running")
+    };
+    let mut http = None;
+    loop {
+        let line = next_line().await;
+        if line.contains("serving HTTP/JSON") {
+            let addr = line
+                .split("addr=")
+                .nth(1)
+                .unwrap()
+                .split(' ')
+                .next()
+                .unwrap();
+            http = Some(addr.parse::<SocketAddr>().unwrap());
+        }
+        if line.contains("database ready") && http.is_some() {
+            break;
+        }
+    }
+    let response = http_client()
+        .post(format!("http://{}/acquire", http.unwrap()))
+        .header("content-type", "application/json")
+        .body(r#"{"a\nINJECTED fake line\u001b[31m":1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let mut seen = Vec::new();
+    loop {
+        let line = next_line().await;
+        assert!(!line.contains('\u{1b}'), "a raw ESC in {line:?}");
+        assert!(
+            !line.starts_with("INJECTED"),
+            "a forged line after {seen:#?}"
+        );
+        let refused = line.contains("HTTP request refused");
+        seen.push(line);
+        if refused {
+            break;
+        }
+    }
+    let refusal = seen.last().unwrap();
+    assert!(
+        refusal.contains(r"a\nINJECTED fake line\u{1b}[31m"),
+        "{refusal}"
+    );
+}
