@@ -58,8 +58,8 @@ use json::Schema;
 /// largest request has a few dozen (payloads travel as strings or bytes).
 pub const MAX_JSON_VALUES: usize = 1_000;
 
-/// Bodies longer than this are parsed on the blocking pool, behind
-/// [`JSON_WORK`], never on the workers that answer calls.
+/// Bodies longer than this are parsed on the blocking pool, two at a time,
+/// never on the workers that answer calls.
 pub const INLINE_JSON_BYTES: usize = 16 * 1024;
 
 /// Large bodies parsed at once, at most; more wait their turn without
