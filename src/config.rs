@@ -343,9 +343,12 @@ pub struct ServeArgs {
     pub max_request_bytes: usize,
 
     /// Request bytes, in MiB, the server holds at once while Coordinator
-    /// requests arrive (with a share per call for its headers and state);
-    /// past it calls get RESOURCE_EXHAUSTED at once. Health and reflection
-    /// calls have 8 MiB of their own.
+    /// requests arrive (with a share per call for its headers and state),
+    /// on both ports together; past it calls get RESOURCE_EXHAUSTED (HTTP
+    /// 429) at once. With --auth-tokens one tenant holds at most half of
+    /// it, and one HTTP/JSON connection at most two of the largest bodies
+    /// (4 × --max-request-bytes). Health and reflection calls have 8 MiB
+    /// of their own.
     #[arg(long, env = "IDEMPOTENCY_MAX_INFLIGHT_REQUEST_MIB", default_value_t = DEFAULT_MAX_INFLIGHT_REQUEST_MIB,
           value_parser = TypedValueParser::map(clap::value_parser!(u32).range(1..=65536), |v| v as usize))]
     pub max_inflight_request_mib: usize,

@@ -46,15 +46,19 @@
 //!   descriptors run out) for both ports, HTTP/2 connections (keepalive,
 //!   idle timeout) and the HTTP port's HTTP/1.1-or-HTTP/2 ones, and
 //!   admission, which answers each call from its headers (credentials, room
-//!   in the in-flight byte budget, deadline) before a byte of its body is
-//!   read, and holds the body to size and time limits while it arrives.
+//!   in the in-flight byte budget and its tenant's share, deadline) before a
+//!   byte of its body is read, holds the body to size and time limits while
+//!   it arrives, and counts every refusal.
 //! - [`http`]: the HTTP/JSON door (`--http-listen`) for callers without
 //!   gRPC: `http::workflow` (the n8n idempotency service's `/acquire`,
 //!   `/complete` and `/health`, read as n8n renders them), `http::connect`
 //!   (every unary RPC in the Connect protocol's shape, canonical proto3
 //!   JSON), `http::events` (Watch and WatchDue as Server-Sent Events) and
-//!   `http::json` (that JSON, by reflection over the embedded descriptors). Each request becomes an in-process gRPC call through
-//!   `transport`'s admission, so nothing about callers is decided twice.
+//!   `http::json` (that JSON, by reflection over the embedded descriptors).
+//!   The door checks a request's headers (framing, cross-site, credentials,
+//!   content type) before it reads its body under admission's budget; each
+//!   request then becomes an in-process gRPC call through `transport`'s
+//!   admission, so nothing about callers is decided twice.
 //! - [`startup`]: builds the server (Coordinator, health, reflection) exactly
 //!   as production and tests run it, and wires the listener's state to
 //!   readiness and to the hub; binds the port first and waits for the

@@ -135,6 +135,12 @@ struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PortReasonLabels {
+    port: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     result: &'static str,
 }
@@ -179,6 +185,7 @@ struct Metrics {
     decisions_by_scope: Family<ScopeDecisionLabels, Counter>,
     takeovers: Counter,
     refusals: Family<ReasonLabels, Counter>,
+    requests_refused: Family<PortReasonLabels, Counter>,
     database_errors: Family<KindLabels, Counter>,
     batch_size: HistogramFamily<KindLabels>,
     group_commits: Family<KindLabels, Counter>,
@@ -215,6 +222,7 @@ impl Metrics {
             decisions_by_scope: Family::default(),
             takeovers: Counter::default(),
             refusals: Family::default(),
+            requests_refused: Family::default(),
             database_errors: Family::default(),
             batch_size: Family::new_with_constructor(batch_histogram),
             group_commits: Family::default(),
@@ -276,6 +284,11 @@ impl Metrics {
             "refusals",
             "Calls on a lease or record refused, by reason (LEASE_LOST, LEASE_EXPIRED, ALREADY_COMPLETED, RECORD_NOT_FOUND)",
             m.refusals.clone(),
+        );
+        r.register(
+            "requests_refused",
+            "Requests refused at the edge before a service saw them, by port (grpc, http) and reason (unauthenticated; overloaded, tenant_share, connection_share: no room in the in-flight byte budget or its tenant's or connection's share; too_large, too_slow, too_many_values, media_type, cross_site, malformed, invalid, not_found, method)",
+            m.requests_refused.clone(),
         );
         r.register(
             "database_errors",
@@ -413,6 +426,14 @@ impl Metrics {
         for reason in REFUSALS {
             let _ = self.refusals.get_or_create(&ReasonLabels { reason });
         }
+        for port in [Port::Grpc, Port::Http] {
+            for reason in EDGE_REFUSALS {
+                let _ = self.requests_refused.get_or_create(&PortReasonLabels {
+                    port: port.label(),
+                    reason,
+                });
+            }
+        }
         for kind in DatabaseError::ALL {
             let _ = self
                 .database_errors
@@ -461,6 +482,17 @@ const REFUSALS: [&str; 4] = [
     "LEASE_LOST",
     "LEASE_EXPIRED",
     "ALREADY_COMPLETED",
+];
+
+/// The reasons a request is refused at the edge that both ports share,
+/// created at zero.
+const EDGE_REFUSALS: [&str; 6] = [
+    "unauthenticated",
+    "overloaded",
+    "tenant_share",
+    "too_large",
+    "too_slow",
+    "connection_share",
 ];
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -598,6 +630,37 @@ pub fn refused(reason: &'static str) {
     METRICS
         .refusals
         .get_or_create(&ReasonLabels { reason })
+        .inc();
+}
+
+/// The port a request came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Port {
+    /// The gRPC port (`--listen`).
+    Grpc,
+    /// The HTTP/JSON port (`--http-listen`).
+    Http,
+}
+
+impl Port {
+    fn label(self) -> &'static str {
+        match self {
+            Port::Grpc => "grpc",
+            Port::Http => "http",
+        }
+    }
+}
+
+/// A request was refused at the edge (admission, or the HTTP/JSON door)
+/// before any service saw it; `reason` is one of a fixed set (see the
+/// metric's help).
+pub fn request_refused(port: Port, reason: &'static str) {
+    METRICS
+        .requests_refused
+        .get_or_create(&PortReasonLabels {
+            port: port.label(),
+            reason,
+        })
         .inc();
 }
 

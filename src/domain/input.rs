@@ -169,36 +169,62 @@ impl Fingerprint {
     }
 }
 
-/// Whether `text` holds at least `n` JSON values, counted without parsing
-/// it as one more than its `[`, `{` and `,` outside strings: every value but
-/// the first follows one of them (an empty array or object counts one
-/// value too many).
-fn json_values_at_least(text: &str, n: usize) -> bool {
-    let mut count = 1usize;
-    let mut in_string = false;
-    let mut escaped = false;
-    for b in text.bytes() {
-        if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'[' | b'{' | b',' => {
-                count += 1;
-                if count >= n {
-                    return true;
-                }
-            }
-            _ => {}
+/// Whether `text` holds at least `n` JSON values ([`JsonValues`]).
+pub fn json_values_at_least(text: impl AsRef<[u8]>, n: usize) -> bool {
+    let mut values = JsonValues::default();
+    values.feed(text.as_ref(), n)
+}
+
+/// Counts the JSON values of a document as its bytes arrive, in pieces of
+/// any size, without parsing it: one more than its `[`, `{` and `,` outside
+/// strings, since every value but the first follows one of them (an empty
+/// array or object counts one value too many). Reads each byte once and
+/// allocates nothing, so that a document can be refused for its size
+/// before it is parsed, or before it has all arrived.
+#[derive(Debug, Clone, Copy)]
+pub struct JsonValues {
+    count: usize,
+    in_string: bool,
+    escaped: bool,
+}
+
+impl Default for JsonValues {
+    fn default() -> Self {
+        JsonValues {
+            count: 1,
+            in_string: false,
+            escaped: false,
         }
     }
-    count >= n
+}
+
+impl JsonValues {
+    /// Reads the next bytes; whether the document so far holds at least
+    /// `n` values.
+    pub fn feed(&mut self, bytes: &[u8], n: usize) -> bool {
+        for &b in bytes {
+            if self.in_string {
+                match (self.escaped, b) {
+                    (true, _) => self.escaped = false,
+                    (false, b'\\') => self.escaped = true,
+                    (false, b'"') => self.in_string = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match b {
+                b'"' => self.in_string = true,
+                b'[' | b'{' | b',' => {
+                    self.count += 1;
+                    if self.count >= n {
+                        return true;
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.count >= n
+    }
 }
 
 /// The caller's id for one logical attempt; empty means none.
@@ -325,6 +351,16 @@ mod tests {
         assert!(!json_values_at_least(r#"{"a":[1,2]}"#, 5));
         assert!(json_values_at_least(r#"["[,{", "\",", 1]"#, 4));
         assert!(!json_values_at_least(r#"["[,{", "\",", 1]"#, 5));
+        // In pieces split anywhere, even inside a string's escape.
+        let text = br#"["[,{", "\",", 1, {"a": [2]}]"#;
+        for split in 0..text.len() {
+            let mut values = JsonValues::default();
+            let reached = values.feed(&text[..split], 7) | values.feed(&text[split..], 7);
+            assert!(reached, "split at {split}");
+            let mut values = JsonValues::default();
+            values.feed(&text[..split], 8);
+            assert!(!values.feed(&text[split..], 8), "split at {split}");
+        }
     }
 
     #[test]

@@ -7,8 +7,8 @@ mod policy;
 mod record;
 
 pub use input::{
-    ErrorText, Fingerprint, InvalidInput, Key, LeaseToken, MAX_ERROR_CHARS, RequestId, Scope,
-    Tenant,
+    ErrorText, Fingerprint, InvalidInput, JsonValues, Key, LeaseToken, MAX_ERROR_CHARS, RequestId,
+    Scope, Tenant, json_values_at_least,
 };
 pub use policy::{Backoff, Policy, TooManyWaiters, WaiterLimits};
 pub use record::{

@@ -26,7 +26,7 @@ use prost::Message as _;
 use serde_json::{Value, json};
 use std::time::Duration;
 
-use super::{Door, DoorError, json_response};
+use super::{Door, DoorError, Media, json_response, parse_json};
 use crate::proto::Decision;
 use crate::transport::{HttpBody, OpenCall};
 
@@ -35,6 +35,9 @@ pub const SERVICE_PREFIX: &str = "/idempotency.v1.Coordinator/";
 
 /// The preference that asks for the gateway mapping of decisions.
 pub const PREFER_HTTP_STATUS: &str = "idempotency-http-status";
+
+/// What the Connect routes read.
+pub(super) const JSON_OR_PROTO: &str = "application/json (or application/proto)";
 
 /// The unary methods, with their request and response types.
 const UNARY: [(&str, &str, &str); 5] = [
@@ -109,9 +112,14 @@ async fn answer(
     if request.method() != Method::POST {
         return Err(DoorError::MethodNotAllowed);
     }
-    let codec = codec(request.headers()).ok_or(DoorError::MediaType)?;
+    let caller = door.caller(request.headers())?;
+    let codec = codec(request.headers()).ok_or(DoorError::MediaType(JSON_OR_PROTO))?;
     let (parts, body) = request.into_parts();
-    let body = door.read_body(body, &parts.headers).await?;
+    let media = match codec {
+        Codec::Json => Media::Json,
+        Codec::Proto => Media::Proto,
+    };
+    let body = door.read_body(body, &parts, &caller, media).await?;
     let input = door
         .schema
         .message(&format!("idempotency.v1.{input}"))
@@ -121,9 +129,13 @@ async fn answer(
         .message(&format!("idempotency.v1.{output}"))
         .ok_or(DoorError::NoRoute)?;
     let message = match codec {
-        Codec::Json => door.schema.json_to_proto(input, &body)?,
+        Codec::Json => {
+            let schema = door.schema.clone();
+            parse_json(&body, move |text| Ok(schema.json_to_proto(input, text)?)).await?
+        }
         Codec::Proto => body.to_vec(),
     };
+    // The body is protobuf now: its share of the budget goes back.
     drop(body);
     let answer = door
         .call_coordinator(

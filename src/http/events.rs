@@ -21,7 +21,7 @@ use tonic::Status;
 
 use super::connect::{Codec, SERVICE_PREFIX, codec, connect_timeout, error_json};
 use super::json::Schema;
-use super::{Door, DoorError, failed};
+use super::{Door, DoorError, Media, failed, parse_json};
 use crate::transport::{HttpBody, OpenCall};
 
 pub(super) async fn serve(
@@ -35,8 +35,9 @@ pub(super) async fn serve(
     if request.method() != Method::POST {
         return Err(DoorError::MethodNotAllowed);
     }
+    let caller = door.caller(request.headers())?;
     if codec(request.headers()) != Some(Codec::Json) {
-        return Err(DoorError::MediaType);
+        return Err(DoorError::MediaType("application/json"));
     }
     let (input, output) = match (
         door.schema.message(&format!("idempotency.v1.{input}")),
@@ -46,8 +47,10 @@ pub(super) async fn serve(
         _ => return Err(DoorError::NoRoute),
     };
     let (parts, body) = request.into_parts();
-    let body = door.read_body(body, &parts.headers).await?;
-    let message = door.schema.json_to_proto(input, &body)?;
+    let body = door.read_body(body, &parts, &caller, Media::Json).await?;
+    let schema = door.schema.clone();
+    let message = parse_json(&body, move |text| Ok(schema.json_to_proto(input, text)?)).await?;
+    // The body is protobuf now: its share of the budget goes back.
     drop(body);
     let stream = door
         .open_call(

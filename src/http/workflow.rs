@@ -38,7 +38,8 @@ use serde_json::{Map, Value, json};
 use tonic::Code;
 
 use super::connect::retry_after_seconds;
-use super::{Door, DoorError, json_response, violations};
+use super::connect::{Codec, codec};
+use super::{Door, DoorError, HeldBody, Media, json_response, parse_json, violations};
 use crate::domain::{Key, Record, RecordId, Scope, Status};
 use crate::error::Error;
 use crate::proto::{
@@ -209,6 +210,23 @@ fn rfc3339(t: Option<&prost_types::Timestamp>) -> Value {
         })
 }
 
+/// The checks of `/acquire` and `/complete` on their headers (not
+/// cross-site, credentials, `Content-Type: application/json`: a browser
+/// sends the other types cross-site without asking first), then the body,
+/// read under the budget.
+async fn json_request(
+    door: &Door,
+    request: Request<Incoming>,
+) -> Result<(http::request::Parts, HeldBody), DoorError> {
+    let caller = door.caller(request.headers())?;
+    if codec(request.headers()) != Some(Codec::Json) {
+        return Err(DoorError::MediaType("application/json"));
+    }
+    let (parts, body) = request.into_parts();
+    let body = door.read_body(body, &parts, &caller, Media::Json).await?;
+    Ok((parts, body))
+}
+
 const ACQUIRE_FIELDS: [&str; 6] = [
     "scope",
     "idempotency_key",
@@ -234,9 +252,10 @@ async fn try_acquire(
     request: Request<Incoming>,
     call: OpenCall,
 ) -> Result<Response<HttpBody>, DoorError> {
-    let (parts, body) = request.into_parts();
-    let body = door.read_body(body, &parts.headers).await?;
-    let fields = Fields::parse(&body, &ACQUIRE_FIELDS)?;
+    let (parts, body) = json_request(door, request).await?;
+    let fields = parse_json(&body, |text| Fields::parse(text, &ACQUIRE_FIELDS)).await?;
+    // The fields are read: the body's share of the budget goes back.
+    drop(body);
     let ttl = fields
         .number("ttl_seconds")?
         .map(|s| {
@@ -265,7 +284,6 @@ async fn try_acquire(
         ..AcquireRequest::default()
     };
     let return_token = fields.flag("return_lease_token")?;
-    drop(body);
     let answer = door
         .call_coordinator(
             "/idempotency.v1.Coordinator/Acquire",
@@ -362,9 +380,10 @@ async fn try_complete(
     call: OpenCall,
     known: &mut Option<&'static str>,
 ) -> Result<Response<HttpBody>, DoorError> {
-    let (parts, body) = request.into_parts();
-    let body = door.read_body(body, &parts.headers).await?;
-    let fields = Fields::parse(&body, &COMPLETE_FIELDS)?;
+    let (parts, body) = json_request(door, request).await?;
+    let fields = parse_json(&body, |text| Fields::parse(text, &COMPLETE_FIELDS)).await?;
+    // The fields are read: the body's share of the budget goes back.
+    drop(body);
     let scope = fields.required("scope")?;
     let key = fields.required("idempotency_key")?;
     let final_status = match fields.required("final_status")?.as_str() {
@@ -379,7 +398,6 @@ async fn try_complete(
         .number("base_retry_seconds")?
         .unwrap_or(DEFAULT_BASE_RETRY_SECONDS);
     let token = fields.string("lease_token")?;
-    drop(body);
 
     // Without a token, the key's latest lease; without an attempt count for
     // a failure's backoff, the record's.

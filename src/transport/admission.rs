@@ -1,14 +1,18 @@
 //! What every call passes before a service sees it, decided on its headers
 //! alone: who the caller is (Coordinator calls, when tokens are required),
-//! whether the server has room for the request's bytes, the limits its body
-//! is held to while it arrives, and the caller's deadline.
+//! whether the server has room for the request's bytes (and, with
+//! credentials required, the caller's tenant in its share of them), the
+//! limits its body is held to while it arrives, and the caller's deadline.
 //!
-//! A refused call is answered at once, and its body is never read.
+//! A refused call is answered at once, and its body is never read; every
+//! refusal is counted by port and reason.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, Instant};
 
 use futures_util::future::Either;
 use http::{HeaderMap, Request, Response};
@@ -18,8 +22,9 @@ use tower_service::Service as _;
 use tracing::Instrument as _;
 
 use super::activity::OpenCall;
-use super::body::{BodyLimits, ByteBudget, GuardedBody, Pace, Reservation};
+use super::body::{BodyLimits, ByteBudget, Full, GuardedBody, Pace, Reservation};
 use crate::auth::{Authenticator, Caller};
+use crate::domain::Tenant;
 use crate::error::Error;
 use crate::metrics;
 use crate::telemetry::CallSpan;
@@ -37,6 +42,57 @@ pub const OPEN_SERVICES_BUDGET_BYTES: usize = 8 * 1024 * 1024;
 /// headers (counted twice: as received and as decoded): the stream's state
 /// in the HTTP/2 connection, the request and the call's future.
 pub const CALL_OVERHEAD_BYTES: usize = 8 * 1024;
+
+/// The part of the Coordinator calls' budget (`--max-inflight-request-mib`)
+/// one tenant may hold, as a fraction: a half, so that one tenant (or one
+/// stolen token) leaves the other tenants at least the other half. Applies
+/// when credentials are required (without them every caller is one tenant).
+pub const TENANT_SHARE_DIVISOR: usize = 2;
+
+/// Marks a request that the HTTP/JSON door makes in process, so that
+/// admission counts its refusals as the HTTP port's.
+#[derive(Debug, Clone, Copy)]
+pub struct FromHttpPort;
+
+/// A budget refusal logged at most this often; the others are counted in
+/// the next line (and all of them in the metrics).
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Counts a request refused at the edge (`reason`: the refusal metric's
+/// label), and says so at info, at most once a second, when it was refused
+/// for want of room in a byte budget: a full budget means callers are
+/// turned away, which the operator should hear of.
+pub fn refused(port: metrics::Port, reason: &'static str) {
+    metrics::request_refused(port, reason);
+    if !matches!(reason, "overloaded" | "tenant_share" | "connection_share") {
+        return;
+    }
+    static START: LazyLock<Instant> = LazyLock::new(Instant::now);
+    static NEXT_MS: AtomicU64 = AtomicU64::new(0);
+    static UNLOGGED: AtomicU64 = AtomicU64::new(0);
+    let now = u64::try_from(START.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let next = NEXT_MS.load(Ordering::Relaxed);
+    let interval = u64::try_from(REFUSAL_LOG_INTERVAL.as_millis()).unwrap_or(1000);
+    if now < next
+        || NEXT_MS
+            .compare_exchange(next, now + interval, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+    {
+        UNLOGGED.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let unlogged = UNLOGGED.swap(0, Ordering::Relaxed);
+    let port = match port {
+        metrics::Port::Grpc => "grpc",
+        metrics::Port::Http => "http",
+    };
+    tracing::info!(
+        port,
+        reason,
+        also_refused_since_last_line = unlogged,
+        "request refused: no room in the in-flight request byte budget (--max-inflight-request-mib)"
+    );
+}
 
 /// Which service a call is for, by its path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,6 +181,11 @@ pub struct Admission {
     auth: Arc<Authenticator>,
     /// For Coordinator calls.
     budget: Arc<ByteBudget>,
+    /// Each tenant's share of `budget` (credentials required only), made
+    /// on its first call; as many as the credentials file has named.
+    tenant_shares: Mutex<HashMap<Tenant, Arc<ByteBudget>>>,
+    /// The size of each share.
+    tenant_share_bytes: usize,
     /// For everything else (health, reflection, unknown paths).
     open_budget: Arc<ByteBudget>,
     /// The largest Coordinator request.
@@ -150,6 +211,8 @@ impl Admission {
             routes,
             auth,
             budget: ByteBudget::new(inflight_bytes),
+            tenant_shares: Mutex::new(HashMap::new()),
+            tenant_share_bytes: inflight_bytes / TENANT_SHARE_DIVISOR,
             open_budget: ByteBudget::new(OPEN_SERVICES_BUDGET_BYTES),
             max_request_bytes,
             body_timeout,
@@ -227,11 +290,29 @@ impl Admission {
         })
     }
 
-    /// `bytes` of the Coordinator calls' budget, held until the reservation
-    /// drops: the HTTP door's JSON bodies while they are read and turned
-    /// into protobuf, before the call they become is admitted.
-    pub fn hold(&self, bytes: usize) -> Option<Reservation> {
-        self.budget.reserve(bytes)
+    /// No bytes yet of the Coordinator calls' budget, bounded also by
+    /// `caller`'s tenant's share and by `shares` (a connection's): the HTTP
+    /// door grows it as a JSON body's bytes arrive ([`Reservation::grow`])
+    /// and holds it until the body has become protobuf, before the call it
+    /// becomes is admitted.
+    pub fn hold_for(&self, caller: &Caller, mut shares: Vec<Arc<ByteBudget>>) -> Reservation {
+        if let Some(share) = self.tenant_share(caller) {
+            shares.insert(0, share);
+        }
+        self.budget.reserve_empty(shares)
+    }
+
+    /// `caller`'s tenant's share of the Coordinator calls' budget, when
+    /// credentials are required.
+    fn tenant_share(&self, caller: &Caller) -> Option<Arc<ByteBudget>> {
+        if !self.auth.is_on() {
+            return None;
+        }
+        let mut shares = self.tenant_shares.lock().unwrap_or_else(|e| e.into_inner());
+        let share = shares
+            .entry(caller.tenant.clone())
+            .or_insert_with(|| ByteBudget::share(self.tenant_share_bytes, Full::Tenant));
+        Some(Arc::clone(share))
     }
 
     /// Decides on the headers: the caller (inserted into the request's
@@ -242,16 +323,27 @@ impl Admission {
         request: &mut Request<B>,
         service: Service,
     ) -> Result<(Reservation, BodyLimits, Option<Duration>), Error> {
-        if service == Service::Coordinator {
-            let caller = self.auth.caller_from_headers(request.headers())?;
-            request.extensions_mut().insert(caller);
-        }
-        let charge = 2 * header_bytes(request.headers()) + CALL_OVERHEAD_BYTES;
-        let budget = match service {
-            Service::Coordinator => &self.budget,
-            _ => &self.open_budget,
+        let port = match request.extensions().get::<FromHttpPort>() {
+            Some(_) => metrics::Port::Http,
+            None => metrics::Port::Grpc,
         };
-        let reservation = budget.reserve(charge).ok_or(Error::Overloaded)?;
+        let mut reservation = match service {
+            Service::Coordinator => {
+                let caller = self
+                    .auth
+                    .caller_from_headers(request.headers())
+                    .inspect_err(|_| refused(port, "unauthenticated"))?;
+                let reservation = self.hold_for(&caller, Vec::new());
+                request.extensions_mut().insert(caller);
+                reservation
+            }
+            _ => self.open_budget.reserve_empty(Vec::new()),
+        };
+        let charge = 2 * header_bytes(request.headers()) + CALL_OVERHEAD_BYTES;
+        if let Err(full) = reservation.grow(charge) {
+            refused(port, full.reason());
+            return Err(Error::Overloaded);
+        }
         let (max_message, max_message_flag) = match service {
             Service::Coordinator => (self.max_request_bytes, "--max-request-bytes"),
             _ => (
@@ -268,6 +360,7 @@ impl Admission {
                 _ => Pace::Whole,
             },
             max_message_flag,
+            port,
         };
         let deadline = grpc_timeout(request.headers()).map(answer_by);
         if let Some(deadline) = deadline {

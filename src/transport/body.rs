@@ -14,18 +14,54 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
 use crate::error::Error;
+use crate::metrics;
 
-/// Request bytes the whole server holds while requests arrive, at most.
+/// Request bytes held while requests arrive, at most: the whole server's
+/// (one pool), or one tenant's or one connection's share of it.
 pub struct ByteBudget {
     used: AtomicUsize,
     limit: usize,
+    /// What a refusal for want of room in this budget is counted as (the
+    /// `reason` label of the refusal metric).
+    full: Full,
+}
+
+/// Which budget had no room for a request's bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Full {
+    /// The server's pool (`--max-inflight-request-mib`, or the health and
+    /// reflection budget).
+    Server,
+    /// The caller's tenant's share of the pool.
+    Tenant,
+    /// The connection's share (HTTP/JSON bodies).
+    Connection,
+}
+
+impl Full {
+    /// The refusal metric's reason.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Full::Server => "overloaded",
+            Full::Tenant => "tenant_share",
+            Full::Connection => "connection_share",
+        }
+    }
 }
 
 impl ByteBudget {
+    /// The server's pool of `limit` bytes.
     pub fn new(limit: usize) -> Arc<Self> {
+        Self::share(limit, Full::Server)
+    }
+
+    /// A share of `limit` bytes that also bounds what one party holds of a
+    /// pool; refusals for want of room in it are counted as `full`.
+    pub fn share(limit: usize, full: Full) -> Arc<Self> {
         Arc::new(ByteBudget {
             used: AtomicUsize::new(0),
             limit,
+            full,
         })
     }
 
@@ -43,45 +79,70 @@ impl ByteBudget {
             .is_ok()
     }
 
+    fn give_back(&self, bytes: usize) {
+        self.used.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
     /// `bytes` of the budget, if they are free; given back when dropped.
     pub fn reserve(self: &Arc<Self>, bytes: usize) -> Option<Reservation> {
-        self.take(bytes).then(|| Reservation {
+        let mut reservation = self.reserve_empty(Vec::new());
+        reservation.grow(bytes).ok().map(|()| reservation)
+    }
+
+    /// No bytes yet of this budget and of each of `shares`, which bound the
+    /// same bytes again (a tenant's, a connection's); [`Reservation::grow`]
+    /// takes from all of them as bytes arrive.
+    pub fn reserve_empty(self: &Arc<Self>, shares: Vec<Arc<ByteBudget>>) -> Reservation {
+        Reservation {
             budget: Arc::clone(self),
-            bytes,
-        })
+            shares,
+            bytes: 0,
+        }
     }
 }
 
-/// A share of the [`ByteBudget`], given back when dropped.
+/// Bytes of a [`ByteBudget`] (and of the shares that bound them), given
+/// back when dropped.
 pub struct Reservation {
     budget: Arc<ByteBudget>,
+    /// Shares counted with the budget, in the order they are tried.
+    shares: Vec<Arc<ByteBudget>>,
     bytes: usize,
 }
 
 impl Reservation {
-    /// Takes `bytes` more, if they are free.
-    fn grow(&mut self, bytes: usize) -> bool {
-        let ok = self.budget.take(bytes);
-        if ok {
-            self.bytes += bytes;
+    /// Takes `bytes` more of the budget and of every share, if they are
+    /// free in all; otherwise takes nothing and says which was full.
+    pub fn grow(&mut self, bytes: usize) -> Result<(), Full> {
+        for (n, share) in self.shares.iter().enumerate() {
+            if !share.take(bytes) {
+                self.shares[..n].iter().for_each(|s| s.give_back(bytes));
+                return Err(share.full);
+            }
         }
-        ok
+        if !self.budget.take(bytes) {
+            self.shares.iter().for_each(|s| s.give_back(bytes));
+            return Err(self.budget.full);
+        }
+        self.bytes += bytes;
+        Ok(())
     }
 
     /// Gives back all but `keep` bytes.
     fn shrink_to(&mut self, keep: usize) {
         if self.bytes > keep {
-            self.budget
-                .used
-                .fetch_sub(self.bytes - keep, Ordering::AcqRel);
+            let returned = self.bytes - keep;
+            self.budget.give_back(returned);
+            self.shares.iter().for_each(|s| s.give_back(returned));
             self.bytes = keep;
         }
     }
 
-    /// An empty share of the same budget.
+    /// An empty share of the same budget and shares.
     pub fn empty(&self) -> Reservation {
         Reservation {
             budget: Arc::clone(&self.budget),
+            shares: self.shares.clone(),
             bytes: 0,
         }
     }
@@ -115,6 +176,8 @@ pub struct BodyLimits {
     pub pace: Pace,
     /// Names the flag that sets `max_message`, for the caller's error.
     pub max_message_flag: &'static str,
+    /// The port the request came in on, for the refusal metric.
+    pub port: metrics::Port,
 }
 
 /// Follows the gRPC framing (1 flag byte, 4 length bytes, the message) of
@@ -206,7 +269,11 @@ impl<B> GuardedBody<B> {
         }
     }
 
-    fn fail(&mut self, error: Error) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn fail(
+        &mut self,
+        (error, reason): (Error, &'static str),
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        super::refused(self.limits.port, reason);
         self.done = true;
         self.deadline = None;
         self.timer = None;
@@ -214,21 +281,25 @@ impl<B> GuardedBody<B> {
         Poll::Ready(Some(Err(Box::new(tonic::Status::from(error)))))
     }
 
-    /// Counts a data frame's bytes; an error refuses the request.
-    fn admit(&mut self, data: &Bytes) -> Result<(), Error> {
+    /// Counts a data frame's bytes; an error (and the refusal metric's
+    /// reason) refuses the request.
+    fn admit(&mut self, data: &Bytes) -> Result<(), (Error, &'static str)> {
         if self.deadline.is_none() && !data.is_empty() {
             self.deadline = Some(Instant::now() + self.limits.timeout);
         }
-        if !self.reservation.grow(data.len()) {
-            return Err(Error::Overloaded);
+        if let Err(full) = self.reservation.grow(data.len()) {
+            return Err((Error::Overloaded, full.reason()));
         }
         let completed = self
             .framing
             .feed(data.chunk(), self.limits.max_message)
-            .map_err(|declared| Error::RequestTooLarge {
-                declared,
-                limit: self.limits.max_message,
-                flag: self.limits.max_message_flag,
+            .map_err(|declared| {
+                let error = Error::RequestTooLarge {
+                    declared,
+                    limit: self.limits.max_message,
+                    flag: self.limits.max_message_flag,
+                };
+                (error, "too_large")
             })?;
         if completed > 0 && self.limits.pace == Pace::EachMessage {
             // Whole messages go on to their decoder at once: their bytes are
@@ -290,7 +361,7 @@ where
                 }
                 ready!(timer.as_mut().poll(cx));
                 let timeout = this.limits.timeout;
-                this.fail(Error::RequestTooSlow(timeout))
+                this.fail((Error::RequestTooSlow(timeout), "too_slow"))
             }
         }
     }
@@ -341,12 +412,37 @@ mod tests {
         let a = budget.reserve(60).unwrap();
         assert!(budget.reserve(41).is_none());
         let mut b = budget.reserve(40).unwrap();
-        assert!(!b.grow(1));
+        assert_eq!(b.grow(1), Err(Full::Server));
         drop(a);
-        assert!(b.grow(60));
+        assert_eq!(b.grow(60), Ok(()));
         b.shrink_to(10);
         assert_eq!(budget.used(), 10);
         drop(b);
         assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn a_share_bounds_its_party_and_a_refusal_takes_nothing() {
+        let pool = ByteBudget::new(100);
+        let tenant = ByteBudget::share(50, Full::Tenant);
+        let connection = ByteBudget::share(30, Full::Connection);
+        let mut a = pool.reserve_empty(vec![Arc::clone(&tenant), Arc::clone(&connection)]);
+        assert_eq!(a.grow(30), Ok(()));
+        assert_eq!(a.grow(1), Err(Full::Connection));
+        let mut b = pool.reserve_empty(vec![Arc::clone(&tenant)]);
+        assert_eq!(b.grow(21), Err(Full::Tenant));
+        assert_eq!(b.grow(20), Ok(()));
+        let mut other = pool.reserve_empty(Vec::new());
+        assert_eq!(other.grow(51), Err(Full::Server));
+        assert_eq!(other.grow(50), Ok(()));
+        assert_eq!(
+            (pool.used(), tenant.used(), connection.used()),
+            (100, 50, 30)
+        );
+        drop(a);
+        assert_eq!((pool.used(), tenant.used(), connection.used()), (70, 20, 0));
+        drop((b, other));
+        assert_eq!(pool.used(), 0);
+        assert_eq!(tenant.used(), 0);
     }
 }

@@ -28,6 +28,7 @@ use super::ConnectionLimits;
 use super::accept::{Protocol, read_preface, read_start, within};
 use super::activity::{Activity, OpenCall};
 use super::admission::Admission;
+use super::body::{ByteBudget, Full};
 use crate::error::cause_chain;
 use crate::tls::Tls;
 
@@ -119,7 +120,21 @@ pub trait HttpHandler: Send + Sync + 'static {
         request: http::Request<Incoming>,
         call: OpenCall,
     ) -> Pin<Box<dyn Future<Output = http::Response<HttpBody>> + Send>>;
+
+    /// The request body bytes one connection may hold at once, if bounded:
+    /// each request then carries its connection's [`ConnectionShare`] in
+    /// its extensions.
+    fn connection_share_bytes(&self) -> Option<usize> {
+        None
+    }
 }
+
+/// The share of the in-flight byte budget that the requests of one HTTP/JSON
+/// connection hold at most together, so that one peer (an HTTP/2 connection
+/// of many streams) cannot fill the pool; found in each request's
+/// extensions.
+#[derive(Clone)]
+pub struct ConnectionShare(pub Arc<ByteBudget>);
 
 /// The settings every HTTP/JSON connection is served with: HTTP/2 as on the
 /// gRPC port; HTTP/1.1 with keep-alive, its request head read within the
@@ -175,9 +190,15 @@ impl Protocol for Http {
         };
         let activity = Activity::new();
         let handler = self.handler;
+        let share = handler
+            .connection_share_bytes()
+            .map(|bytes| ConnectionShare(ByteBudget::share(bytes, Full::Connection)));
         let service = {
             let activity = Arc::clone(&activity);
-            hyper::service::service_fn(move |request: http::Request<Incoming>| {
+            hyper::service::service_fn(move |mut request: http::Request<Incoming>| {
+                if let Some(share) = &share {
+                    request.extensions_mut().insert(share.clone());
+                }
                 let answer = handler.handle(request, activity.start());
                 async move { Ok::<_, Infallible>(answer.await) }
             })
@@ -214,7 +235,8 @@ async fn drive<C, E>(
             served = &mut connection => {
                 if let Err(e) = served {
                     let e: Box<dyn std::error::Error + Send + Sync> = e.into();
-                    tracing::debug!(error = %cause_chain(e.as_ref()), "connection closed with an error");
+                    let error = super::printable(&cause_chain(e.as_ref())).into_owned();
+                    tracing::debug!(%error, "connection closed with an error");
                 }
                 return;
             }

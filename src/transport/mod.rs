@@ -26,10 +26,34 @@ use crate::tls::Tls;
 pub use accept::raise_open_file_limit;
 pub use activity::OpenCall;
 pub use admission::{
-    Admission, CALL_OVERHEAD_BYTES, CallDeadline, OPEN_SERVICES_BUDGET_BYTES, SMALL_MESSAGE_BYTES,
+    Admission, CALL_OVERHEAD_BYTES, CallDeadline, FromHttpPort, OPEN_SERVICES_BUDGET_BYTES,
+    SMALL_MESSAGE_BYTES, TENANT_SHARE_DIVISOR, refused,
 };
-pub use body::Reservation;
-pub use connection::{HttpBody, HttpHandler};
+pub use body::{ByteBudget, Full, Reservation};
+pub use connection::{ConnectionShare, HttpBody, HttpHandler};
+
+/// `text` with every character that could forge or disturb a log line
+/// escaped (`\n`, `\r`, ESC as `\u{1b}`, the other control characters,
+/// Unicode line and paragraph separators and bidirectional overrides):
+/// for every string a client controls that goes into a log line.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    fn risky(c: char) -> bool {
+        c.is_control()
+            || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    }
+    if !text.chars().any(risky) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut escaped = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if risky(c) {
+            escaped.extend(c.escape_default());
+        } else {
+            escaped.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(escaped)
+}
 
 /// The HTTP/2 header list a call may send, in bytes (as HTTP/2 counts it).
 pub const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
@@ -92,4 +116,22 @@ pub async fn serve_http(
         idle_timeout: limits.idle_timeout,
     };
     accept::serve(listener, tls, http, limits, shutdown).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    #[test]
+    fn printable_escapes_what_could_forge_or_colour_a_log_line() {
+        assert_eq!(
+            printable("plain text, \"quoted\""),
+            "plain text, \"quoted\""
+        );
+        assert_eq!(
+            printable("a\nINJECTED fake\r\u{1b}[31mred\u{2028}\u{202e}x"),
+            "a\\nINJECTED fake\\r\\u{1b}[31mred\\u{2028}\\u{202e}x"
+        );
+        assert!(!printable("\u{0}\u{7f}\t").chars().any(char::is_control));
+    }
 }

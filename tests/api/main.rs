@@ -8,6 +8,7 @@ mod complete;
 mod concurrency;
 mod conformance;
 mod deadlines;
+mod door;
 mod due;
 mod edge;
 mod embedded;

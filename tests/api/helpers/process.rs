@@ -121,6 +121,21 @@ impl ServerProcess {
         ServerProcess { addr, child, logs }
     }
 
+    /// The `addr` field of the first line logged with `message` (where
+    /// the server serves HTTP/JSON or metrics, say).
+    pub fn logged_addr(&self, message: &str) -> SocketAddr {
+        self.logs()
+            .iter()
+            .find_map(|line| {
+                let entry: serde_json::Value = serde_json::from_str(line).ok()?;
+                if entry["fields"]["message"] != message {
+                    return None;
+                }
+                entry["fields"]["addr"].as_str()?.parse().ok()
+            })
+            .unwrap_or_else(|| panic!("the server logged no {message:?} line"))
+    }
+
     /// The lines logged so far.
     pub fn logs(&self) -> Vec<String> {
         self.logs.lock().unwrap().clone()
