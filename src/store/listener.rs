@@ -80,15 +80,28 @@ pub fn start(
     // Attempts every interval, without a growing back-off: one connection
     // attempt a second costs the database nothing, and readiness comes back
     // within about an interval of the database answering again.
+    //
+    // A session that was listening and ends (a connection silently dropped,
+    // say) is replaced at once, within half an interval, before readiness
+    // says anything: while new connections work, losing one costs readiness
+    // nothing. The new session's start wakes every waiter to re-check what
+    // the lost one may not have heard.
     let task = tokio::spawn(async move {
         let mut reported = false;
+        let mut at_once = false;
         loop {
-            let (why, was_listening) = listen_once(&pg, &state, interval, &clock, &on_change).await;
+            let connect_within = if at_once { interval / 2 } else { interval * 2 };
+            let (why, was_listening) =
+                listen_once(&pg, &state, interval, connect_within, &clock, &on_change).await;
+            if was_listening {
+                tracing::info!(reason = %why, "database listener lost its session; connecting again");
+                reported = false;
+                at_once = true;
+                continue;
+            }
+            at_once = false;
             state.send_replace(false);
             crate::metrics::listener_connected(false);
-            if was_listening {
-                reported = false;
-            }
             if reported {
                 tracing::debug!(reason = %why, "database listener still down");
             } else {
@@ -122,14 +135,20 @@ async fn listen_once(
     pg: &tokio_postgres::Config,
     state: &watch::Sender<bool>,
     interval: Duration,
+    connect_within: Duration,
     clock: &Clock,
     on_change: &Arc<dyn Fn(Change) + Send + Sync>,
 ) -> (String, bool) {
-    let connect = tokio::time::timeout(interval * 2, pg.connect(NoTls)).await;
+    let connect = tokio::time::timeout(connect_within, pg.connect(NoTls)).await;
     let (client, mut connection) = match connect {
         Ok(Ok(pair)) => pair,
         Ok(Err(e)) => return (ConnectError::connecting(pg, &e).to_string(), false),
-        Err(_) => return (ConnectError::timed_out(pg, interval * 5).to_string(), false),
+        Err(_) => {
+            return (
+                ConnectError::timed_out(pg, connect_within).to_string(),
+                false,
+            );
+        }
     };
     let on_change = Arc::clone(on_change);
     let driver = tokio::spawn(async move {

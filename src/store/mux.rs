@@ -136,7 +136,12 @@ impl Mux {
     /// the same slot included.
     pub async fn get(&self, wait: Duration) -> Result<Arc<Shared>, StoreError> {
         let slot = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
-        tokio::time::timeout(wait, self.get_slot(slot, wait))
+        self.slot_within(slot, wait).await
+    }
+
+    /// Slot `index`'s connection, within `wait` in all.
+    async fn slot_within(&self, index: usize, wait: Duration) -> Result<Arc<Shared>, StoreError> {
+        tokio::time::timeout(wait, self.get_slot(index, wait))
             .await
             .unwrap_or_else(|_| {
                 Err(StoreError::Unavailable(Box::new(ConnectError::timed_out(
@@ -219,10 +224,25 @@ impl Mux {
             .collect()
     }
 
+    /// Probes one slot; a connection that does not answer is retired and
+    /// its replacement probed at once, so that a connection silently dropped
+    /// while new ones work is replaced without the slot ever reporting a
+    /// failure (calls on the new connection are answered).
     async fn probe_slot(&self, index: usize, limit: Duration) -> Result<(), StoreError> {
-        let shared = self.get_slot(index, limit).await?;
-        self.in_time(&shared, limit, async {
-            Ok(shared.client.batch_execute("").await?)
+        let shared = self.slot_within(index, limit).await?;
+        let answered = self
+            .in_time(&shared, limit, async {
+                Ok(shared.client.batch_execute("").await?)
+            })
+            .await;
+        if answered.is_ok() || !*shared.retired.borrow() {
+            return answered;
+        }
+        // A quarter of the limit: a working database connects and answers
+        // in far less, and a cut network is reported barely later.
+        let replaced = self.slot_within(index, limit / 4).await?;
+        self.in_time(&replaced, limit / 4, async {
+            Ok(replaced.client.batch_execute("").await?)
         })
         .await
     }

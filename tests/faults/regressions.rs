@@ -624,3 +624,45 @@ async fn regression_a_call_waits_at_most_its_connect_wait_for_a_connection() {
     );
     assert_none("calls past their connect wait", &problems);
 }
+
+/// (h) Readiness follows whether calls can be served: with the server's
+/// default health interval, existing connections going silently dead while
+/// new ones work (a NAT that dropped its state) is repaired by replacing
+/// them, and readiness does not turn NOT_SERVING once calls are answered
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_readiness_does_not_flap_after_calls_recover_from_dead_connections() {
+    let _turn = serial().await;
+    let env = Env::start(1, &["--health-interval", "1s"]).await;
+    let monitor = Monitor::start(env.addr(0)).await;
+    assert!(
+        monitor
+            .until(now_us(), Duration::from_secs(10), ready)
+            .await
+            .is_some()
+    );
+    let load = Load::start(&[env.addr(0)]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let fault_at = now_us();
+    env.proxy.freeze_existing();
+    let recovered = load
+        .until_ok_after(fault_at, Duration::from_secs(20))
+        .await
+        .expect("calls answered again");
+    // Long enough for every check of the listener and of the calls'
+    // connections to have found its connection dead.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let samples = monitor.stop().await;
+    load.stop().await;
+    let flaps: Vec<String> = samples
+        .iter()
+        .filter(|s| s.at_us > recovered && not_ready(s))
+        .map(|s| format!("NOT_SERVING at +{:.2}s", secs(fault_at, s.at_us)))
+        .collect();
+    println!(
+        "REGRESSION h: calls answered again {:.2} s after the connections went dead; {} NOT_SERVING samples after that",
+        secs(fault_at, recovered),
+        flaps.len()
+    );
+    assert_none("readiness after calls recovered", &flaps);
+}
