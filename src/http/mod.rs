@@ -626,9 +626,11 @@ fn violations(status: &Status) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
-/// A JSON answer.
+/// A JSON answer, ending in a newline (so that a shell prompt after `curl`
+/// starts on a line of its own).
 fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<HttpBody> {
-    let bytes = serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec());
+    let mut bytes = serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec());
+    bytes.push(b'\n');
     let mut response = Response::new(Full::new(Bytes::from(bytes)).boxed_unsync());
     *response.status_mut() = status;
     response.headers_mut().insert(

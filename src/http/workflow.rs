@@ -69,14 +69,29 @@ pub fn backoff_seconds(base: u64, attempt_count: u64) -> u64 {
 struct Fields(Map<String, Value>);
 
 impl Fields {
+    /// Reads `body`'s object. Fields other than `known` are ignored, as
+    /// the service these routes replace ignored them (a workflow may send
+    /// more than it must), and named in the debug log.
     fn parse(body: &[u8], known: &[&str]) -> Result<Self, DoorError> {
         let value: Value =
             serde_json::from_slice(body).map_err(|e| DoorError::Syntax(e.to_string()))?;
-        let Value::Object(map) = value else {
+        let Value::Object(mut map) = value else {
             return Err(DoorError::Shape("the body must be a JSON object".into()));
         };
-        if let Some(unknown) = map.keys().find(|k| !known.contains(&k.as_str())) {
-            return Err(field(unknown, "is not a field of this request"));
+        let unknown: Vec<String> = map
+            .keys()
+            .filter(|k| !known.contains(&k.as_str()))
+            .cloned()
+            .collect();
+        if !unknown.is_empty() {
+            let names: Vec<_> = unknown
+                .iter()
+                .map(|name| crate::transport::printable(name))
+                .collect();
+            tracing::debug!(ignored = %names.join(", "), "fields this route does not read");
+            for name in &unknown {
+                map.remove(name);
+            }
         }
         Ok(Fields(map))
     }
@@ -90,11 +105,14 @@ impl Fields {
         }
     }
 
+    /// A string, or a number as its text: a workflow tool renders an ID
+    /// from a numeric field (`{"idempotency_key": 424242}`) as a number.
     fn string(&self, name: &str) -> Result<Option<String>, DoorError> {
         match self.present(name) {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(field(name, "must be a string")),
+            Some(Value::Number(n)) => Ok(Some(n.to_string())),
+            Some(_) => Err(field(name, "must be a string (or a number)")),
         }
     }
 
@@ -385,7 +403,12 @@ async fn try_complete(
     // The fields are read: the body's share of the budget goes back.
     drop(body);
     let scope = fields.required("scope")?;
-    let key = fields.required("idempotency_key")?;
+    let key = fields.string("idempotency_key")?.ok_or_else(|| {
+        field(
+            "idempotency_key",
+            "is required: send the key the Acquire was for (in n8n, on an error branch $json is the error, so take the key from the node that received it, e.g. {{ $('Webhook').item.json.id }})",
+        )
+    })?;
     let final_status = match fields.required("final_status")?.as_str() {
         "DONE" => FinalStatus::Done,
         "FAILED" => FinalStatus::Failed,
@@ -539,7 +562,7 @@ mod tests {
     }
 
     #[test]
-    fn fields_accept_what_n8n_renders_and_nothing_else() {
+    fn fields_accept_what_n8n_renders_and_ignore_the_rest() {
         let f = Fields::parse(
             br#"{"a":"3","b":4,"c":"","d":null,"e":"x","g":true,"h":"true"}"#,
             &["a", "b", "c", "d", "e", "g", "h"],
@@ -551,12 +574,14 @@ mod tests {
         assert_eq!(f.number("d").unwrap(), None);
         assert!(f.number("e").is_err());
         assert!(f.number("g").is_err());
-        assert!(f.string("b").is_err());
+        // A number where text is read: its text (n8n renders numeric IDs so).
+        assert_eq!(f.string("b").unwrap().as_deref(), Some("4"));
+        assert!(f.string("g").is_err());
         assert!(f.flag("g").unwrap() && f.flag("h").unwrap());
-        assert!(matches!(
-            Fields::parse(br#"{"zz":1}"#, &["a"]),
-            Err(DoorError::Field { field, .. }) if field == "zz"
-        ));
+        // Fields the route does not read are ignored.
+        let extra = Fields::parse(br#"{"zz":1,"a":"x"}"#, &["a"]).unwrap();
+        assert_eq!(extra.string("a").unwrap().as_deref(), Some("x"));
+        assert_eq!(extra.string("zz").unwrap(), None);
         assert!(Fields::parse(b"[1]", &["a"]).is_err());
         assert!(
             Fields::parse(br#"{"a":-1}"#, &["a"])

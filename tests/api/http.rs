@@ -579,15 +579,15 @@ async fn bad_requests_are_refused_with_json_and_write_nothing() {
         ),
         (
             "/acquire",
-            r#"{"scope":"s","idempotency_key":7}"#.into(),
+            r#"{"scope":"s","idempotency_key":true}"#.into(),
             400,
             Some("idempotency_key"),
         ),
         (
-            "/acquire",
-            r#"{"scope":"s","idempotency_key":"k","colour":"red"}"#.into(),
+            "/complete",
+            r#"{"scope":"s","idempotency_key":"","final_status":"FAILED"}"#.into(),
             400,
-            Some("colour"),
+            Some("idempotency_key"),
         ),
         (
             "/acquire",
@@ -765,4 +765,54 @@ async fn a_connection_that_sends_nothing_or_half_a_preface_is_closed_at_the_hand
         let closed = tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut buf)).await;
         assert!(closed.is_ok(), "closed after sending {sent:?}");
     }
+}
+
+/// What n8n sends in practice: a numeric ID from "Using Fields Below" is a
+/// JSON number, and a body may carry fields the route does not read (as the
+/// service these routes replace allowed). Both work; and a Complete from an
+/// error branch that lost the key hears where to take it from.
+#[tokio::test]
+async fn the_workflow_routes_take_numeric_keys_and_ignore_fields_they_do_not_read() {
+    let app = http_app().await;
+    let http = client();
+    let url = base(&app);
+    let (status, _, acquired) = post(
+        &http,
+        &format!("{url}/acquire"),
+        &json!({"scope": "orders", "idempotency_key": 424242, "lock_ttl_seconds": 900, "note": {"a": 1}}),
+    )
+    .await;
+    assert_eq!(
+        (status, &acquired["decision"]),
+        (200, &json!("PROCEED")),
+        "{acquired}"
+    );
+    // The same key as text is the same record.
+    let (_, _, again) = post(
+        &http,
+        &format!("{url}/acquire"),
+        &json!({"scope": "orders", "idempotency_key": "424242"}),
+    )
+    .await;
+    assert_eq!(again["decision"], json!("RETRY_LATER"), "{again}");
+    let (status, _, done) = post(
+        &http,
+        &format!("{url}/complete"),
+        &json!({"scope": "orders", "idempotency_key": 424242, "final_status": "DONE", "run": "x"}),
+    )
+    .await;
+    assert_eq!((status, &done["status"]), (200, &json!("DONE")), "{done}");
+
+    let (status, _, refused) = post(
+        &http,
+        &format!("{url}/complete"),
+        &json!({"scope": "orders", "idempotency_key": "", "final_status": "FAILED"}),
+    )
+    .await;
+    assert_eq!(status, 400, "{refused}");
+    let said = refused["error"].as_str().unwrap_or_default();
+    assert!(
+        said.contains("idempotency_key") && said.contains("$('"),
+        "{refused}"
+    );
 }
