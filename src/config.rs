@@ -134,17 +134,42 @@ pub struct HealthArgs {
     /// (the database answers), `""` liveness.
     #[arg(long, default_value = "idempotency.v1.Coordinator")]
     pub service: String,
-    /// The server's TLS certificate (the same flag and environment variable
-    /// as `serve`): ask over TLS, trusting exactly that certificate.
+    /// TLS as `serve` has it (the same flags and environment variables):
+    /// ask over TLS, trusting exactly the server's own certificate, and
+    /// present it as a client certificate when the server requires one.
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// The TLS flags, shared by `serve` and `health` (which reads the same
+/// files to reach the server as a container's health check).
+#[derive(Debug, Clone, Args)]
+pub struct TlsArgs {
+    /// Serve TLS with this PEM certificate chain (needs --tls-key); read
+    /// again on SIGHUP. Without it the port speaks plaintext.
     #[arg(long, env = "IDEMPOTENCY_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
-    /// Its key, presented with the certificate as a client certificate when
-    /// the server requires one (--tls-client-ca).
+
+    /// The PEM private key of --tls-cert.
     #[arg(long, env = "IDEMPOTENCY_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-    /// Set when the server requires client certificates (mutual TLS).
+
+    /// Require client certificates that chain to these PEM CA certificates
+    /// (mutual TLS; needs --tls-cert).
     #[arg(long, env = "IDEMPOTENCY_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// The certificate files, when TLS is on.
+    pub fn files(&self) -> Option<TlsFiles> {
+        let (cert, key) = (self.tls_cert.clone()?, self.tls_key.clone()?);
+        Some(TlsFiles {
+            cert,
+            key,
+            client_ca: self.tls_client_ca.clone(),
+        })
+    }
 }
 
 impl HealthArgs {
@@ -162,16 +187,6 @@ impl HealthArgs {
             });
         }
         addr.to_string()
-    }
-
-    /// The server's certificate files, when it serves TLS.
-    pub fn tls(&self) -> Option<TlsFiles> {
-        let (cert, key) = (self.tls_cert.clone()?, self.tls_key.clone()?);
-        Some(TlsFiles {
-            cert,
-            key,
-            client_ca: self.tls_client_ca.clone(),
-        })
     }
 }
 
@@ -232,19 +247,9 @@ pub struct ServeArgs {
     )]
     pub allow_empty_credentials: bool,
 
-    /// Serve TLS with this PEM certificate chain (needs --tls-key); read
-    /// again on SIGHUP. Without it the port speaks plaintext.
-    #[arg(long, env = "IDEMPOTENCY_TLS_CERT", requires = "tls_key")]
-    pub tls_cert: Option<PathBuf>,
-
-    /// The PEM private key of --tls-cert.
-    #[arg(long, env = "IDEMPOTENCY_TLS_KEY", requires = "tls_cert")]
-    pub tls_key: Option<PathBuf>,
-
-    /// Require client certificates that chain to these PEM CA certificates
-    /// (mutual TLS; needs --tls-cert).
-    #[arg(long, env = "IDEMPOTENCY_TLS_CLIENT_CA", requires = "tls_cert")]
-    pub tls_client_ca: Option<PathBuf>,
+    /// TLS on the gRPC and HTTP ports.
+    #[command(flatten)]
+    pub tls: TlsArgs,
 
     /// Connections shared by all calls, their statements pipelined on them;
     /// also how many Acquire batches (and Complete batches) run at once
@@ -657,11 +662,7 @@ impl From<ServeArgs> for ServeConfig {
                 window_bytes: WINDOW_BYTES,
             },
             allow_empty_credentials: a.allow_empty_credentials,
-            tls: a.tls_cert.zip(a.tls_key).map(|(cert, key)| TlsFiles {
-                cert,
-                key,
-                client_ca: a.tls_client_ca,
-            }),
+            tls: a.tls.files(),
             database_wait: nonzero(a.database_wait.into()),
             metrics_listen: a.metrics_listen,
             metrics_scope_labels: a.metrics_scope_labels,

@@ -39,7 +39,7 @@ pub async fn check(args: &HealthArgs) -> Result<(), Unhealthy> {
     let check = async {
         let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{target}"))
             .map_err(|e| unhealthy(e.to_string()))?;
-        let channel = match args.tls() {
+        let channel = match args.tls.files() {
             None => endpoint.connect().await,
             Some(files) => {
                 let config = crate::tls::own_server_client_config(&files)

@@ -623,20 +623,7 @@ async fn a_full_http_port_leaves_the_grpc_port_its_descriptors() {
         },
     )
     .await;
-    let http = server
-        .logs()
-        .iter()
-        .find_map(|line| {
-            let entry: serde_json::Value = serde_json::from_str(line).ok()?;
-            if entry["fields"]["message"] != "serving HTTP/JSON" {
-                return None;
-            }
-            entry["fields"]["addr"]
-                .as_str()?
-                .parse::<std::net::SocketAddr>()
-                .ok()
-        })
-        .expect("the server logs its HTTP port");
+    let http = server.logged_addr("serving HTTP/JSON");
     let mut held = Vec::new();
     for _ in 0..200 {
         let Ok(Ok(mut tcp)) =

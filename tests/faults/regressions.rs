@@ -94,6 +94,50 @@ async fn warm_up(client: &mut Recording) {
     }
 }
 
+/// A server on its own PostgreSQL behind the proxy, with `flags`, ready.
+async fn ready_env(flags: &[&'static str]) -> (Env, Monitor) {
+    let env = Env::start(1, flags).await;
+    let monitor = Monitor::start(env.addr(0)).await;
+    assert!(
+        monitor
+            .until(now_us(), Duration::from_secs(10), ready)
+            .await
+            .is_some()
+    );
+    (env, monitor)
+}
+
+type History = std::sync::Arc<std::sync::Mutex<Vec<Entry>>>;
+
+/// A recording client of `env`'s server, its shared connections warmed up,
+/// and its (then empty) history.
+async fn warm_client(env: &Env) -> (Recording, History) {
+    let history = History::default();
+    let mut client = Recording::connect(env.addr(0), std::sync::Arc::clone(&history)).await;
+    warm_up(&mut client).await;
+    history.lock().unwrap().clear();
+    (client, history)
+}
+
+/// The calls of `history` begun at `since_us` or later that were not
+/// answered UNAVAILABLE within `limit`, and the slowest of them all.
+fn later_than(history: &History, since_us: i64, limit: Duration) -> (Duration, Vec<String>) {
+    let mut problems = Vec::new();
+    let mut slowest = Duration::ZERO;
+    for e in history.lock().unwrap().iter() {
+        let Entry::Call(c) = e else { continue };
+        if c.start_us < since_us {
+            continue;
+        }
+        let took = Duration::from_micros(c.took_us() as u64);
+        slowest = slowest.max(took);
+        if c.code != "UNAVAILABLE" || took > limit {
+            problems.push(format!("{} answered {} after {took:?}", c.key, c.code));
+        }
+    }
+    (slowest, problems)
+}
+
 /// Waits until the proxy holds no bytes and no statement runs in the
 /// database but the test's own: whatever the coordinator sent has arrived
 /// and finished.
@@ -198,18 +242,8 @@ async fn regression_an_acquire_answered_unavailable_never_commits_later() {
 async fn regression_calls_queued_behind_stuck_batches_answer_after_connect_wait() {
     let _turn = serial().await;
     let connect_wait = Duration::from_millis(500);
-    let env = Env::start(1, &["--connect-wait", "500ms", "--query-timeout", "5s"]).await;
-    let monitor = Monitor::start(env.addr(0)).await;
-    assert!(
-        monitor
-            .until(now_us(), Duration::from_secs(10), ready)
-            .await
-            .is_some()
-    );
-    let history = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let mut client = Recording::connect(env.addr(0), std::sync::Arc::clone(&history)).await;
-    warm_up(&mut client).await;
-    history.lock().unwrap().clear();
+    let (env, _monitor) = ready_env(&["--connect-wait", "500ms", "--query-timeout", "5s"]).await;
+    let (client, history) = warm_client(&env).await;
     let deadline = Duration::from_secs(8);
     let acquire = |key: String| {
         let mut client = client.clone();
@@ -236,19 +270,7 @@ async fn regression_calls_queued_behind_stuck_batches_answer_after_connect_wait(
         s.await.unwrap();
     }
     let limit = connect_wait + Duration::from_secs(1);
-    let mut problems = Vec::new();
-    let mut slowest = Duration::ZERO;
-    for e in history.lock().unwrap().iter() {
-        let Entry::Call(c) = e else { continue };
-        if c.start_us < queued_at {
-            continue;
-        }
-        let took = Duration::from_micros(c.took_us() as u64);
-        slowest = slowest.max(took);
-        if c.code != "UNAVAILABLE" || took > limit {
-            problems.push(format!("{} answered {} after {took:?}", c.key, c.code));
-        }
-    }
+    let (slowest, problems) = later_than(&history, queued_at, limit);
     println!(
         "REGRESSION c: the slowest queued call answered after {slowest:?} (connect-wait {connect_wait:?}, deadline {deadline:?})"
     );
@@ -262,18 +284,8 @@ async fn regression_calls_queued_behind_stuck_batches_answer_after_connect_wait(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_an_expired_deadline_is_deadline_exceeded_never_cancelled() {
     let _turn = serial().await;
-    let env = Env::start(1, &["--connect-wait", "2s", "--query-timeout", "5s"]).await;
-    let monitor = Monitor::start(env.addr(0)).await;
-    assert!(
-        monitor
-            .until(now_us(), Duration::from_secs(10), ready)
-            .await
-            .is_some()
-    );
-    let history = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let mut client = Recording::connect(env.addr(0), std::sync::Arc::clone(&history)).await;
-    warm_up(&mut client).await;
-    history.lock().unwrap().clear();
+    let (env, _monitor) = ready_env(&["--connect-wait", "2s", "--query-timeout", "5s"]).await;
+    let (client, history) = warm_client(&env).await;
     let deadline = Duration::from_millis(500);
     env.proxy.set(Mode::Blackhole);
     let mut calls = Vec::new();
@@ -398,20 +410,10 @@ async fn regression_readiness_follows_the_network_within_two_seconds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_a_call_past_its_deadline_never_commits_later() {
     let _turn = serial().await;
-    let env = Env::start(1, &["--connect-wait", "5s", "--query-timeout", "10s"]).await;
-    let monitor = Monitor::start(env.addr(0)).await;
-    assert!(
-        monitor
-            .until(now_us(), Duration::from_secs(10), ready)
-            .await
-            .is_some()
-    );
-    let history = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let mut client = Recording::connect(env.addr(0), std::sync::Arc::clone(&history)).await;
-    warm_up(&mut client).await;
-    // The history from the held leases on (final reads wait for every lease
-    // it names to run out).
-    history.lock().unwrap().clear();
+    let (env, monitor) = ready_env(&["--connect-wait", "5s", "--query-timeout", "10s"]).await;
+    let (mut client, history) = warm_client(&env).await;
+    // The history from the held leases on (warm_client left out the
+    // warm-up's: final reads wait for every lease it names to run out).
     let secs = |seconds| Some(prost_types::Duration { seconds, nanos: 0 });
     let mut held = Vec::new();
     for key in ["held-complete", "held-extend"] {
@@ -568,17 +570,8 @@ async fn regression_a_call_past_its_deadline_never_commits_later() {
 async fn regression_a_call_waits_at_most_its_connect_wait_for_a_connection() {
     let _turn = serial().await;
     let connect_wait = Duration::from_secs(1);
-    let env = Env::start(1, &["--connect-wait", "1s", "--query-timeout", "1s"]).await;
-    let monitor = Monitor::start(env.addr(0)).await;
-    assert!(
-        monitor
-            .until(now_us(), Duration::from_secs(10), ready)
-            .await
-            .is_some()
-    );
-    let history = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let mut client = Recording::connect(env.addr(0), std::sync::Arc::clone(&history)).await;
-    warm_up(&mut client).await;
+    let (env, monitor) = ready_env(&["--connect-wait", "1s", "--query-timeout", "1s"]).await;
+    let (client, history) = warm_client(&env).await;
     env.proxy.set(Mode::Blackhole);
     // The probe finds the shared connections dead and retires them: from
     // then on every call needs a new connection, which the cut network
@@ -590,7 +583,6 @@ async fn regression_a_call_waits_at_most_its_connect_wait_for_a_connection() {
             .is_some(),
         "readiness did not notice the cut"
     );
-    history.lock().unwrap().clear();
     let mut calls = tokio::task::JoinSet::new();
     for wave in 0..15 {
         for i in 0..2 {
@@ -609,16 +601,7 @@ async fn regression_a_call_waits_at_most_its_connect_wait_for_a_connection() {
     calls.join_all().await;
     env.proxy.set(Mode::Pass);
     let limit = connect_wait + Duration::from_millis(300);
-    let mut problems = Vec::new();
-    let mut slowest = Duration::ZERO;
-    for e in history.lock().unwrap().iter() {
-        let Entry::Call(c) = e else { continue };
-        let took = Duration::from_micros(c.took_us() as u64);
-        slowest = slowest.max(took);
-        if c.code != "UNAVAILABLE" || took > limit {
-            problems.push(format!("{} answered {} after {took:?}", c.key, c.code));
-        }
-    }
+    let (slowest, problems) = later_than(&history, 0, limit);
     println!(
         "REGRESSION g: 30 calls on a cut network; the slowest answered after {slowest:?} (connect-wait {connect_wait:?})"
     );
@@ -633,14 +616,7 @@ async fn regression_a_call_waits_at_most_its_connect_wait_for_a_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_readiness_does_not_flap_after_calls_recover_from_dead_connections() {
     let _turn = serial().await;
-    let env = Env::start(1, &["--health-interval", "1s"]).await;
-    let monitor = Monitor::start(env.addr(0)).await;
-    assert!(
-        monitor
-            .until(now_us(), Duration::from_secs(10), ready)
-            .await
-            .is_some()
-    );
+    let (env, monitor) = ready_env(&["--health-interval", "1s"]).await;
     let load = Load::start(&[env.addr(0)]).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let fault_at = now_us();
