@@ -7,13 +7,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::builder::TypedValueParser;
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 
 use crate::domain::WaiterLimits;
 use crate::domain::{Backoff, Policy};
 use crate::recovery::WebhookConfig;
 use crate::service::FeedConfig;
 use crate::store::StoreConfig;
+pub use crate::telemetry::LogFormat;
 use crate::tls::TlsFiles;
 use crate::transport::{ConnectionLimits, MAX_HEADER_LIST_BYTES, WINDOW_BYTES};
 
@@ -100,12 +101,6 @@ pub struct Cli {
     /// service (default idempotency-coordinator).
     #[arg(long, env = "IDEMPOTENCY_OTLP_ENDPOINT", global = true)]
     pub otlp_endpoint: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
 }
 
 #[derive(Debug, Subcommand)]

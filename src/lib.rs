@@ -89,8 +89,8 @@
 //! `error` and `telemetry` (and the caller's deadline as `transport` read
 //! it); `notify` uses `domain` and `store`; `transport` uses `auth`,
 //! `error`, `tls` and `telemetry`, and reaches the services only as the
-//! routes `startup` hands it; `telemetry` uses `domain` (and `config`'s log
-//! format);
+//! routes `startup` hands it; `telemetry` uses `domain` (it defines the
+//! log format `config` reads);
 //! `http` uses `transport` (admission, and the HTTP port it is served on),
 //! `auth`, `store` (one read: a key's latest lease), `domain`, `error` and
 //! the generated types;

@@ -51,7 +51,6 @@ use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, Layer};
 
-use crate::config::LogFormat;
 use crate::domain::{RecordId, Scope};
 
 /// Targets that log call data at debug level: kept at `info` unless named.
@@ -154,6 +153,15 @@ fn provider(endpoint: &str) -> Result<SdkTracerProvider, TelemetryError> {
         .with_batch_exporter(exporter)
         .with_resource(resource.build())
         .build())
+}
+
+/// How log lines are written (`--log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object a line.
+    Json,
 }
 
 /// Lines on standard error, as text or JSON.

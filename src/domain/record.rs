@@ -101,6 +101,31 @@ pub enum Decision {
     Exhausted,
 }
 
+impl Decision {
+    /// Every decision.
+    pub const ALL: [Decision; 6] = [
+        Decision::Proceed,
+        Decision::AlreadyDone,
+        Decision::InProgress,
+        Decision::RetryLater,
+        Decision::Conflict,
+        Decision::Exhausted,
+    ];
+
+    /// Its name, as the contract and `idempotency_acquire` spell it (and
+    /// metrics label it).
+    pub fn name(self) -> &'static str {
+        match self {
+            Decision::Proceed => "PROCEED",
+            Decision::AlreadyDone => "ALREADY_DONE",
+            Decision::InProgress => "IN_PROGRESS",
+            Decision::RetryLater => "RETRY_LATER",
+            Decision::Conflict => "CONFLICT",
+            Decision::Exhausted => "EXHAUSTED",
+        }
+    }
+}
+
 /// An Acquire's answer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Acquired {

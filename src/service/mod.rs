@@ -29,7 +29,7 @@ use crate::notify::Hub;
 use crate::proto;
 use crate::proto::acquire_request::RequestFingerprint;
 use crate::proto::coordinator_server::Coordinator;
-use crate::store::{CallTime, Store, names};
+use crate::store::{CallTime, Store};
 use crate::sweeper::Sweeper;
 use crate::telemetry;
 use crate::transport::CallDeadline;
@@ -113,7 +113,7 @@ impl CoordinatorService {
                 }
             }
             .map_err(Error::from)?;
-            let decision = names::decision_name(acquired.decision);
+            let decision = acquired.decision.name();
             metrics::acquired(decision, cmd.id.scope.as_str(), acquired.took_over());
             tracing::debug!(scope = cmd.id.scope.as_str(), decision = ?acquired.decision, "acquire");
             let answer = encode::acquired(acquired);

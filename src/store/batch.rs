@@ -268,7 +268,7 @@ async fn connection<C>(settings: &Settings, batch: &mut Vec<Pending<C>>) -> Opti
             }
             // Calls that may still wait try again; the others hear why.
             Err(e) if batch.iter().any(|p| p.take_by > Instant::now()) => {
-                tracing::debug!(error = %crate::error::cause_chain(&e), "batch: no connection yet");
+                tracing::debug!(error = ?e, "batch: no connection yet");
             }
             Err(e) => {
                 fail_all(batch, e);

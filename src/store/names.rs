@@ -15,29 +15,10 @@ pub fn status(name: &str) -> Option<Status> {
     })
 }
 
-/// An Acquire's decision, as `idempotency_acquire` returns it.
+/// An Acquire's decision, as `idempotency_acquire` returns it
+/// ([`Decision::name`]).
 pub fn decision(name: &str) -> Option<Decision> {
-    Some(match name {
-        "PROCEED" => Decision::Proceed,
-        "ALREADY_DONE" => Decision::AlreadyDone,
-        "IN_PROGRESS" => Decision::InProgress,
-        "RETRY_LATER" => Decision::RetryLater,
-        "CONFLICT" => Decision::Conflict,
-        "EXHAUSTED" => Decision::Exhausted,
-        _ => return None,
-    })
-}
-
-/// The name `idempotency_acquire` (and the contract) gives `decision`.
-pub fn decision_name(decision: Decision) -> &'static str {
-    match decision {
-        Decision::Proceed => "PROCEED",
-        Decision::AlreadyDone => "ALREADY_DONE",
-        Decision::InProgress => "IN_PROGRESS",
-        Decision::RetryLater => "RETRY_LATER",
-        Decision::Conflict => "CONFLICT",
-        Decision::Exhausted => "EXHAUSTED",
-    }
+    Decision::ALL.into_iter().find(|d| d.name() == name)
 }
 
 /// The outcome the SQL functions return for a call on a lease: `Some(None)`
@@ -76,7 +57,7 @@ mod tests {
             "CONFLICT",
             "EXHAUSTED",
         ] {
-            assert_eq!(decision(name).map(decision_name), Some(name));
+            assert_eq!(decision(name).map(Decision::name), Some(name));
         }
         for name in ["PROCESSING", "SUCCEEDED", "FAILED", "FAILED_PERMANENT"] {
             assert!(status(name).is_some(), "{name}");
