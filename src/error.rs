@@ -15,9 +15,7 @@ use tonic_types::{ErrorDetails, StatusExt};
 use crate::auth::AuthError;
 use crate::domain::{Refusal, TooManyWaiters};
 use crate::metrics;
-use crate::store::{QueryTimeout, StoreError};
-use deadpool_postgres::PoolError;
-use tokio_postgres::error::SqlState;
+use crate::store::StoreError;
 
 /// The `ErrorInfo.domain` of every error this service returns.
 pub const ERROR_DOMAIN: &str = "idempotency.v1";
@@ -78,40 +76,9 @@ fn describe(violations: &[Violation]) -> String {
         .join("; ")
 }
 
-/// What metrics call a database failure: the kind of `Unavailable` is read
-/// from its cause chain (a statement past `--query-timeout`, or cancelled by
-/// PostgreSQL for running past its statement timeout or its deadline; no
-/// pooled connection within the wait; anything else).
-fn database_error_kind(error: &StoreError) -> Option<metrics::DatabaseError> {
-    use metrics::DatabaseError as Kind;
-    Some(match error {
-        StoreError::Refused(_) => return None,
-        StoreError::Unavailable(source) => {
-            let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(source.as_ref());
-            while let Some(e) = cause {
-                let cancelled = e
-                    .downcast_ref::<tokio_postgres::Error>()
-                    .and_then(tokio_postgres::Error::as_db_error)
-                    .is_some_and(|db| *db.code() == SqlState::QUERY_CANCELED);
-                if cancelled || e.is::<QueryTimeout>() {
-                    return Some(Kind::Timeout);
-                }
-                if let Some(PoolError::Timeout(_)) = e.downcast_ref::<PoolError>() {
-                    return Some(Kind::PoolTimeout);
-                }
-                cause = e.source();
-            }
-            Kind::Unavailable
-        }
-        StoreError::Query(_) => Kind::Query,
-        StoreError::Corrupt(_) => Kind::Corrupt,
-        StoreError::Config(_) => Kind::Config,
-    })
-}
-
 impl From<StoreError> for Error {
     fn from(error: StoreError) -> Self {
-        if let Some(kind) = database_error_kind(&error) {
+        if let Some(kind) = error.kind() {
             metrics::database_error(kind);
         }
         match error {
@@ -239,29 +206,6 @@ mod tests {
         let info = details.error_info().expect("ErrorInfo");
         assert_eq!(info.reason, "INVALID_ARGUMENT");
         assert_eq!(info.domain, ERROR_DOMAIN);
-    }
-
-    #[test]
-    fn database_failures_are_counted_by_kind_and_refusals_are_not() {
-        use metrics::DatabaseError as Kind;
-        let timeout = PoolError::Timeout(deadpool_postgres::TimeoutType::Wait);
-        assert_eq!(
-            database_error_kind(&StoreError::Unavailable(Box::new(timeout))),
-            Some(Kind::PoolTimeout)
-        );
-        let refused = std::io::Error::other("connection refused");
-        assert_eq!(
-            database_error_kind(&StoreError::Unavailable(Box::new(refused))),
-            Some(Kind::Unavailable)
-        );
-        assert_eq!(
-            database_error_kind(&StoreError::Corrupt("no row".into())),
-            Some(Kind::Corrupt)
-        );
-        assert_eq!(
-            database_error_kind(&StoreError::Refused(Refusal::LeaseLost)),
-            None
-        );
     }
 
     #[test]

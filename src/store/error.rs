@@ -85,3 +85,65 @@ pub struct QueryTimeout(pub(super) Duration);
 #[derive(Debug, thiserror::Error)]
 #[error("the call's deadline passed before its statement was sent")]
 pub struct PastDeadline;
+
+impl StoreError {
+    /// What metrics call this failure (`None` for a refusal, which is an
+    /// answer): the kind of `Unavailable` is read from its cause chain (a
+    /// statement past `--query-timeout`, or cancelled by PostgreSQL for
+    /// running past its statement timeout or its deadline, or whose deadline
+    /// passed before it was sent; no pooled connection within the wait;
+    /// anything else).
+    pub fn kind(&self) -> Option<crate::metrics::DatabaseError> {
+        use crate::metrics::DatabaseError as Kind;
+        Some(match self {
+            StoreError::Refused(_) => return None,
+            StoreError::Unavailable(source) => {
+                let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(source.as_ref());
+                while let Some(e) = cause {
+                    let cancelled = e
+                        .downcast_ref::<tokio_postgres::Error>()
+                        .and_then(tokio_postgres::Error::as_db_error)
+                        .is_some_and(|db| *db.code() == SqlState::QUERY_CANCELED);
+                    if cancelled || e.is::<QueryTimeout>() || e.is::<PastDeadline>() {
+                        return Some(Kind::Timeout);
+                    }
+                    if let Some(deadpool_postgres::PoolError::Timeout(_)) =
+                        e.downcast_ref::<deadpool_postgres::PoolError>()
+                    {
+                        return Some(Kind::PoolTimeout);
+                    }
+                    cause = e.source();
+                }
+                Kind::Unavailable
+            }
+            StoreError::Query(_) => Kind::Query,
+            StoreError::Corrupt(_) => Kind::Corrupt,
+            StoreError::Config(_) => Kind::Config,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_failures_are_counted_by_kind_and_refusals_are_not() {
+        use crate::metrics::DatabaseError as Kind;
+        let timeout = deadpool_postgres::PoolError::Timeout(deadpool_postgres::TimeoutType::Wait);
+        assert_eq!(
+            StoreError::Unavailable(Box::new(timeout)).kind(),
+            Some(Kind::PoolTimeout)
+        );
+        let refused = std::io::Error::other("connection refused");
+        assert_eq!(
+            StoreError::Unavailable(Box::new(refused)).kind(),
+            Some(Kind::Unavailable)
+        );
+        assert_eq!(
+            StoreError::Corrupt("no row".into()).kind(),
+            Some(Kind::Corrupt)
+        );
+        assert_eq!(StoreError::Refused(Refusal::LeaseLost).kind(), None);
+    }
+}
