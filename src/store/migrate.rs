@@ -22,6 +22,14 @@
 //!   not depend on each other's order either (PL/pgSQL bodies are checked
 //!   when they run, and our SQL-language functions call none of ours).
 //!
+//! The function files are the running build's: a build started against a
+//! database that another build migrated applies its own files where they
+//! differ. Rolling back to an older build therefore restores its functions,
+//! and during a rolling upgrade the replicas of both builds share whichever
+//! functions the last replica to start applied, so a function change must
+//! keep answering the older build's calls correctly (as a schema change
+//! must).
+//!
 //! A database migrated by the pre-release chain of numbered migrations
 //! (`0001_schema` .. `0009_single_key`, which defined the functions
 //! themselves; a frozen copy is in `tests/fixtures/legacy-chain/`) is
