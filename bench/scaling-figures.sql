@@ -2,7 +2,7 @@
 -- database (docs/scaling.md quotes the results).
 --
 --   createdb -h 127.0.0.1 -U postgres scaling_scratch
---   for f in sql/000*.sql; do
+--   for f in sql/migrations/*.sql sql/functions/*.sql; do
 --       psql -h 127.0.0.1 -U postgres -d scaling_scratch -v ON_ERROR_STOP=1 -q -f "$f"
 --   done
 --   nice -n 19 psql -h 127.0.0.1 -U postgres -d scaling_scratch -v n=100000 \

@@ -10,7 +10,7 @@
 //!   (the public contract), fenced here and never edited.
 //! - [`domain`]: validated request values (scope, key, fingerprint, token), the
 //!   policy of defaults and limits, records and decisions. No I/O.
-//! - [`store`]: the database seam. One method per SQL function in `sql/`
+//! - [`store`]: the database seam. One method per SQL function in `sql/functions/`
 //!   (where the Acquire/Complete/ExtendLease decisions really live, under row
 //!   locks and the database clock), split by job: `store::setup` (pool and
 //!   configuration), `store::run` (how a statement reaches the database:
@@ -23,7 +23,8 @@
 //!   before they expire), [`store::listener`] (the LISTEN connection and the
 //!   database's clock), [`store::probe`] (whether the connections calls use
 //!   answer: readiness, and replacing one that silently stopped),
-//!   [`store::migrate`] (applies `sql/` in order) and
+//!   [`store::migrate`] (applies `sql/`: the schema's numbered migrations
+//!   once each, then each function file that changed) and
 //!   [`store::connect_error`] (every failed connection said once: where it
 //!   went, why, what to check; and the database URLs refused up front).
 //! - [`service`]: the gRPC `Coordinator` trait: decode into domain commands,

@@ -66,7 +66,7 @@ impl Record {
     /// `idempotency_acquire` decides.
     ///
     /// The same rule as SQL's `idempotency_final_decision`
-    /// (`sql/0005_final_decision.sql`); `tests/api/conformance.rs` holds
+    /// (`sql/functions/acquire.sql`); `tests/api/conformance.rs` holds
     /// both to `idempotency_acquire`'s answers.
     pub fn final_decision(&self, fingerprint: &Fingerprint) -> Option<Decision> {
         if self.fingerprint != *fingerprint {
@@ -136,7 +136,7 @@ pub struct Acquired {
 }
 
 /// How the last error of a record whose dead lease the sweeper reclaimed
-/// begins (`sql/0003_maintenance.sql`, `idempotency_sweep_batch`).
+/// begins (`sql/functions/sweep.sql`, `idempotency_sweep_batch`).
 const RECLAIMED_LEASE_ERROR: &str = "the lease of attempt ";
 
 impl Acquired {

@@ -1,5 +1,5 @@
 //! Group commit for the hot calls: Acquires (and Completes) that reach this
-//! server together run as one statement of `sql/0004_batches.sql`, so in one
+//! server together run as one statement of `sql/functions/batches.sql`, so in one
 //! transaction with one commit for all of them.
 //!
 //! - **Never waits for company.** A few workers per kind take whatever calls
@@ -19,7 +19,7 @@
 //!   taken within its connect wait hears UNAVAILABLE then, even while every
 //!   worker is stuck on a connection that stopped answering; a call a worker
 //!   has taken waits for its statement, which carries the moment the worker
-//!   stops waiting and rolls back if it finishes later (`sql/0006`).
+//!   stops waiting and rolls back if it finishes later (`sql/functions/deadline.sql`).
 //! - **A dead connection holds up only its own batch.** When the connection
 //!   a batch runs on is retired (it stopped answering), the batch goes on
 //!   waiting for its statement in a task of its own, and its worker takes

@@ -7,7 +7,7 @@
 //! in its select list: evaluated once, with the first of the function's rows
 //! (the function has run to its end by then) and before the commit, it rolls
 //! the statement back if it finishes after the coordinator stopped waiting
-//! for it (`sql/0006_statement_deadline.sql`). A subquery, so that it runs
+//! for it (`sql/functions/deadline.sql`). A subquery, so that it runs
 //! once per statement rather than once per row of a batch.
 
 use tokio_postgres::Row;

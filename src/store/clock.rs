@@ -71,7 +71,7 @@ pub(crate) struct Stamp {
     /// The test clock's offset (`Clock::offset_ms`).
     pub offset_ms: i64,
     /// When the statement must have finished, on the database's clock with
-    /// the offset (`sql/0006_statement_deadline.sql`); `None` until the
+    /// the offset (`sql/functions/deadline.sql`); `None` until the
     /// skew is measured.
     pub deadline: Option<DateTime<Utc>>,
 }

@@ -1,4 +1,4 @@
-//! The database seam: one method per SQL function of `sql/`, rows turned into
+//! The database seam: one method per SQL function of `sql/functions/`, rows turned into
 //! domain types. Knows nothing of gRPC.
 //!
 //! Every decision is made inside PostgreSQL in one round trip, under the row
@@ -24,7 +24,8 @@
 //! - `listener`: the LISTEN connection and the database's clock;
 //! - `probe`: whether the connections calls use answer (readiness), and
 //!   replacing one that silently stopped;
-//! - `migrate`: applying `sql/` in order;
+//! - `migrate`: applying `sql/`: the numbered schema migrations once each,
+//!   then every function file that changed;
 //! - [`connect_error`]: why a connection failed, in one sentence naming
 //!   where it went and what to check; and the database URLs refused before
 //!   any connection is tried.
@@ -77,7 +78,7 @@ pub use calls::{ACQUIRE as ACQUIRE_SQL, COMPLETE as COMPLETE_SQL};
 /// gRPC deadline, less admission's margin): no statement of the call may
 /// commit after it. Each statement carries the earlier of it and the query
 /// timeout's limit as its deadline on the database's clock
-/// (`sql/0006_statement_deadline.sql`), so a statement that reaches the
+/// (`sql/functions/deadline.sql`), so a statement that reaches the
 /// database or finishes after its caller heard DEADLINE_EXCEEDED rolls back;
 /// the wait for a connection ends by then too.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

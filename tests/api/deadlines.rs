@@ -1,6 +1,6 @@
 //! A call's statement carries the moment its coordinator stops waiting for
 //! the answer, and rolls back rather than commit after it
-//! (`sql/0006_statement_deadline.sql`): a statement stuck in a paused
+//! (`sql/functions/deadline.sql`): a statement stuck in a paused
 //! network, or behind a lock, must not take a lease or store a result that
 //! its caller already heard UNAVAILABLE for.
 

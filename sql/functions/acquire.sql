@@ -1,0 +1,227 @@
+-- One rule for final answers, written once: a live record that carries
+-- another fingerprint than the caller's answers CONFLICT (the fingerprint is
+-- fixed when the record is created), and a live SUCCEEDED record answers
+-- ALREADY_DONE; anything else needs the rest of idempotency_acquire.
+--
+-- The server's copy of the rule is Record::final_decision
+-- (src/domain/record.rs), used by the replay cache and by waiters;
+-- tests/api/conformance.rs holds every copy to idempotency_acquire's answers.
+
+CREATE OR REPLACE FUNCTION idempotency_final_decision(r idempotency_keys, p_fingerprint text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE
+        WHEN r.fingerprint <> p_fingerprint THEN 'CONFLICT'
+        WHEN r.status = 'SUCCEEDED' THEN 'ALREADY_DONE'
+    END
+$$;
+
+-- idempotency_acquire: may the caller run (p_tenant, p_scope, p_key)?
+--
+-- decision      | when                                   | effect
+-- PROCEED       | no row, or the row is past expires_at  | new PROCESSING row, attempt 1
+-- CONFLICT      | fingerprint differs                    | none
+-- ALREADY_DONE  | SUCCEEDED                              | none
+-- EXHAUSTED     | FAILED_PERMANENT                       | none
+-- PROCEED       | PROCESSING, lease live, same request id| none: the same lease again
+-- IN_PROGRESS   | PROCESSING, lease live                 | none; retry_after = lease left
+-- EXHAUSTED     | lease run out or FAILED, no attempts   | FAILED_PERMANENT, last_error says why
+-- RETRY_LATER   | FAILED, next_retry_at in the future    | none; retry_after = until then
+-- PROCEED       | lease run out or FAILED and due        | attempt + 1, new lease and token
+--
+-- max_attempts, retention and fingerprint are fixed when the row is created;
+-- p_lease_ms applies to the lease this call grants. p_watch_ms > 0 means the
+-- caller will wait that long for a change: on IN_PROGRESS the row is marked
+-- watched (watch_until) so that its next change notifies. Every change this
+-- function makes to a watched row notifies.
+--
+-- Concurrency: answers that change nothing and cannot be invalidated by a
+-- concurrent writer before they are read (ALREADY_DONE: SUCCEEDED is final;
+-- CONFLICT: the fingerprint is fixed for the record's life; IN_PROGRESS
+-- without a wait) come from a plain read, without taking the row lock, so
+-- replays and callers of a busy key never queue behind each other. Every
+-- other decision locks the row FOR UPDATE first. When there is no row,
+-- INSERT .. ON CONFLICT DO NOTHING lets exactly one of many concurrent
+-- callers create it; the others loop, and their next SELECT .. FOR UPDATE
+-- waits for the creator's commit and decides on its row.
+--
+-- A sharded table accepts this function unchanged (docs/scaling.md): a new
+-- lease's token and fencing token are drawn into variables before the UPDATE
+-- that stores them, and so is the exhausted record's message, because a
+-- distributed table refuses volatile functions, and non-immutable ones
+-- inside CASE, in an UPDATE. The fencing token is greatest(the row's last +
+-- 1, nextval): nextval alone today, since every token comes from the one
+-- sequence idempotency_fencing, but it keeps a live record's tokens growing
+-- if they ever come from more than one sequence (a record created anew
+-- takes nextval alone).
+CREATE OR REPLACE FUNCTION idempotency_acquire(
+    p_tenant          text,
+    p_scope           text,
+    p_key             text,
+    p_fingerprint     text,
+    p_request_id      text,
+    p_lease_ms        bigint,
+    p_max_attempts    integer,
+    p_retention_ms    bigint,
+    p_watch_ms        bigint,
+    p_clock_offset_ms bigint
+)
+RETURNS TABLE (decision text, retry_after_ms bigint, rec idempotency_keys)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r           idempotency_keys;
+    v_now       timestamptz;
+    v_lease     interval := p_lease_ms * interval '1 millisecond';
+    v_retention interval := p_retention_ms * interval '1 millisecond';
+    v_token     uuid;
+    v_fencing   bigint;
+    v_error     text;
+BEGIN
+    SELECT * INTO r FROM idempotency_keys k
+     WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key;
+    v_now := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
+    IF FOUND AND r.expires_at > v_now THEN
+        decision := idempotency_final_decision(r, p_fingerprint);
+        IF decision IS NOT NULL THEN
+            rec := r;
+            RETURN NEXT;
+            RETURN;
+        ELSIF r.status = 'PROCESSING' AND r.lease_expires_at > v_now AND p_watch_ms <= 0
+              AND (p_request_id = '' OR p_request_id <> r.lease_request_id) THEN
+            decision := 'IN_PROGRESS'; rec := r;
+            retry_after_ms := idempotency_millis_until(r.lease_expires_at, v_now);
+            RETURN NEXT;
+            RETURN;
+        END IF;
+    END IF;
+
+    LOOP
+        SELECT * INTO r FROM idempotency_keys k
+         WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
+           FOR UPDATE;
+        v_now := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
+        EXIT WHEN FOUND;
+
+        INSERT INTO idempotency_keys (
+            tenant, scope, idempotency_key, status, fingerprint,
+            attempt_count, max_attempts, retention,
+            lease_token, lease_request_id, lease_expires_at, fencing_token,
+            created_at, updated_at, expires_at)
+        VALUES (
+            p_tenant, p_scope, p_key, 'PROCESSING', p_fingerprint,
+            1, p_max_attempts, v_retention,
+            gen_random_uuid(), p_request_id, v_now + v_lease, nextval('idempotency_fencing'),
+            v_now, v_now, greatest(v_now + v_retention, v_now + v_lease))
+        ON CONFLICT (tenant, scope, idempotency_key) DO NOTHING
+        RETURNING * INTO r;
+        IF FOUND THEN
+            decision := 'PROCEED'; rec := r;
+            RETURN NEXT;
+            RETURN;
+        END IF;
+        -- Another caller created the row between our SELECT and INSERT.
+    END LOOP;
+
+    IF r.expires_at <= v_now THEN
+        -- Expired: the row counts as absent, so this is a new record.
+        v_token := gen_random_uuid();
+        v_fencing := greatest(r.fencing_token + 1, nextval('idempotency_fencing'));
+        UPDATE idempotency_keys k SET
+            status = 'PROCESSING', fingerprint = p_fingerprint,
+            attempt_count = 1, max_attempts = p_max_attempts, retention = v_retention,
+            lease_token = v_token, lease_request_id = p_request_id,
+            lease_expires_at = v_now + v_lease, lease_outcome = NULL,
+            fencing_token = v_fencing, offered_until = NULL, offered_to = NULL,
+            next_retry_at = NULL, last_error = '', last_error_at = NULL,
+            result = NULL, result_content_type = '', result_status_code = 0, result_ref = '',
+            checkpoint = '', created_at = v_now, updated_at = v_now, completed_at = NULL,
+            expires_at = greatest(v_now + v_retention, v_now + v_lease)
+         WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
+        RETURNING * INTO r;
+        PERFORM idempotency_notify_if_watched(r, v_now);
+        decision := 'PROCEED'; rec := r;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    decision := idempotency_final_decision(r, p_fingerprint);
+    IF decision IS NOT NULL THEN
+        rec := r;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    IF r.status = 'FAILED_PERMANENT' THEN
+        decision := 'EXHAUSTED'; rec := r;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    IF r.status = 'PROCESSING' AND r.lease_expires_at > v_now THEN
+        IF p_request_id <> '' AND p_request_id = r.lease_request_id THEN
+            -- The same logical attempt asking again (its answer was lost).
+            decision := 'PROCEED';
+        ELSE
+            decision := 'IN_PROGRESS';
+            retry_after_ms := idempotency_millis_until(r.lease_expires_at, v_now);
+            IF p_watch_ms > 0
+               AND coalesce(r.watch_until, '-infinity') < v_now + p_watch_ms * interval '1 millisecond' THEN
+                -- A second more than asked, so that the next waiters of the
+                -- same moment find the row marked already and write nothing.
+                UPDATE idempotency_keys k SET
+                    watch_until = v_now + (p_watch_ms + 1000) * interval '1 millisecond'
+                 WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
+                RETURNING * INTO r;
+            END IF;
+        END IF;
+        rec := r;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    -- Left: PROCESSING whose lease ran out, or FAILED.
+    IF r.attempt_count >= r.max_attempts THEN
+        v_error := left(CASE WHEN r.status = 'PROCESSING'
+            THEN format('the lease of the last attempt (%s of %s) ran out before it completed',
+                        r.attempt_count, r.max_attempts)
+            ELSE format('no attempts left (%s of %s); last error: %s',
+                        r.attempt_count, r.max_attempts, r.last_error)
+            END, 4000);
+        UPDATE idempotency_keys k SET
+            status = 'FAILED_PERMANENT',
+            lease_expires_at = NULL, next_retry_at = NULL,
+            last_error = v_error,
+            last_error_at = v_now, completed_at = v_now, updated_at = v_now,
+            expires_at = v_now + r.retention
+         WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
+        RETURNING * INTO r;
+        PERFORM idempotency_notify_if_watched(r, v_now);
+        decision := 'EXHAUSTED'; rec := r;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    IF r.status = 'FAILED' AND r.next_retry_at > v_now THEN
+        decision := 'RETRY_LATER'; rec := r;
+        retry_after_ms := idempotency_millis_until(r.next_retry_at, v_now);
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    -- Take over: the old token is dead from here on.
+    v_token := gen_random_uuid();
+    v_fencing := greatest(r.fencing_token + 1, nextval('idempotency_fencing'));
+    UPDATE idempotency_keys k SET
+        status = 'PROCESSING', attempt_count = r.attempt_count + 1,
+        lease_token = v_token, lease_request_id = p_request_id,
+        lease_expires_at = v_now + v_lease, lease_outcome = NULL,
+        fencing_token = v_fencing, offered_until = NULL, offered_to = NULL,
+        next_retry_at = NULL, updated_at = v_now,
+        expires_at = greatest(v_now + r.retention, v_now + v_lease)
+     WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
+    RETURNING * INTO r;
+    PERFORM idempotency_notify_if_watched(r, v_now);
+    decision := 'PROCEED'; rec := r;
+    RETURN NEXT;
+END;
+$$;

@@ -1,0 +1,157 @@
+-- Batched forms of idempotency_acquire and idempotency_complete: the calls
+-- that reach one server together run in one statement, so in one transaction
+-- with one commit (one WAL flush) for all of them.
+--
+-- Element i of every array belongs to call i; the calls are decided in array
+-- order, each as the single-call function would decide it, and each sees the
+-- effects of the calls before it (as if they had run one after the other:
+-- every statement of a PL/pgSQL function sees what the earlier ones did).
+-- The caller orders the calls by (tenant, scope, key), so every batch takes
+-- its row locks in the same order and two batches never deadlock. Rows come
+-- back tagged with the call's position (ord, from 1). If any call fails, the
+-- whole batch rolls back and the server runs the calls one by one, so a
+-- failing call never fails the others.
+--
+-- The common cases are decided here, without calling the single-call
+-- function: a call that creates its record, and a Complete that records its
+-- holder's success. A new key then costs one read and the INSERT, and a
+-- success one UPDATE, instead of a nested call whose rows PostgreSQL copies
+-- into a result set, three reads of the primary key before the INSERT, and
+-- for a Complete a row lock written to the WAL before the UPDATE of the same
+-- row. The decisions are the single-call functions':
+-- - Acquire: when the batch's read finds no row, the INSERT is the one
+--   idempotency_acquire would make; if another transaction created the row
+--   meanwhile, the INSERT does nothing and idempotency_acquire decides. A
+--   live row with a final answer is answered from the batch's read by
+--   idempotency_final_decision; every other case runs idempotency_acquire.
+-- - Complete SUCCESS: the UPDATE's conditions are idempotency_complete's
+--   for applying a success (a live row whose latest lease is the caller's
+--   and has not been completed), checked on the row as it is once locked.
+--   The clock is read just before the UPDATE, not once the row is locked
+--   (no clock call inside an UPDATE, which a sharded table refuses): so
+--   that a Complete that waited for the lock never stores times older than
+--   the row's, the UPDATE applies only to a row last changed before that
+--   reading; a row changed since (by an ExtendLease, say) goes to
+--   idempotency_complete, which reads the clock after the lock. Otherwise
+--   idempotency_complete answers.
+
+CREATE OR REPLACE FUNCTION idempotency_acquire_batch(
+    p_tenant          text[],
+    p_scope           text[],
+    p_key             text[],
+    p_fingerprint     text[],
+    p_request_id      text[],
+    p_lease_ms        bigint[],
+    p_max_attempts    integer[],
+    p_retention_ms    bigint[],
+    p_watch_ms        bigint[],
+    p_clock_offset_ms bigint
+)
+RETURNS TABLE (ord integer, decision text, retry_after_ms bigint, rec idempotency_keys)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r     idempotency_keys;
+    v_now timestamptz;
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(p_key, 1), 0) LOOP
+        ord := i;
+        retry_after_ms := NULL;
+        SELECT * INTO r FROM idempotency_keys k
+         WHERE k.tenant = p_tenant[i] AND k.scope = p_scope[i] AND k.idempotency_key = p_key[i];
+        v_now := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
+        IF NOT FOUND THEN
+            INSERT INTO idempotency_keys (
+                tenant, scope, idempotency_key, status, fingerprint,
+                attempt_count, max_attempts, retention,
+                lease_token, lease_request_id, lease_expires_at, fencing_token,
+                created_at, updated_at, expires_at)
+            VALUES (
+                p_tenant[i], p_scope[i], p_key[i], 'PROCESSING', p_fingerprint[i],
+                1, p_max_attempts[i], p_retention_ms[i] * interval '1 millisecond',
+                gen_random_uuid(), p_request_id[i],
+                v_now + p_lease_ms[i] * interval '1 millisecond', nextval('idempotency_fencing'),
+                v_now, v_now,
+                v_now + greatest(p_retention_ms[i], p_lease_ms[i]) * interval '1 millisecond')
+            ON CONFLICT (tenant, scope, idempotency_key) DO NOTHING
+            RETURNING * INTO r;
+            IF FOUND THEN
+                decision := 'PROCEED';
+                rec := r;
+                RETURN NEXT;
+                CONTINUE;
+            END IF;
+        ELSIF r.expires_at > v_now THEN
+            decision := idempotency_final_decision(r, p_fingerprint[i]);
+            IF decision IS NOT NULL THEN
+                rec := r;
+                RETURN NEXT;
+                CONTINUE;
+            END IF;
+        END IF;
+        RETURN QUERY
+            SELECT i, a.decision, a.retry_after_ms, a.rec
+              FROM idempotency_acquire(p_tenant[i], p_scope[i], p_key[i], p_fingerprint[i],
+                                       p_request_id[i], p_lease_ms[i], p_max_attempts[i],
+                                       p_retention_ms[i], p_watch_ms[i], p_clock_offset_ms) a;
+    END LOOP;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION idempotency_complete_batch(
+    p_tenant          text[],
+    p_scope           text[],
+    p_key             text[],
+    p_token           uuid[],
+    p_outcome         text[],
+    p_result          bytea[],
+    p_content_type    text[],
+    p_status_code     integer[],
+    p_result_ref      text[],
+    p_error           text[],
+    p_permanent       boolean[],
+    p_retry_after_ms  bigint[],
+    p_backoff_base_ms bigint[],
+    p_backoff_cap_ms  bigint[],
+    p_clock_offset_ms bigint
+)
+RETURNS TABLE (ord integer, outcome text, rec idempotency_keys)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r     idempotency_keys;
+    v_now timestamptz;
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(p_key, 1), 0) LOOP
+        IF p_outcome[i] = 'SUCCESS' THEN
+            v_now := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
+            UPDATE idempotency_keys k SET
+                status = 'SUCCEEDED', lease_outcome = 'SUCCESS',
+                lease_expires_at = NULL, next_retry_at = NULL,
+                result = p_result[i], result_content_type = p_content_type[i],
+                result_status_code = p_status_code[i], result_ref = p_result_ref[i],
+                completed_at = v_now, updated_at = v_now, expires_at = v_now + k.retention
+             WHERE k.tenant = p_tenant[i] AND k.scope = p_scope[i] AND k.idempotency_key = p_key[i]
+               AND k.lease_token = p_token[i] AND k.lease_outcome IS NULL
+               AND k.expires_at > v_now AND k.updated_at <= v_now
+            RETURNING * INTO r;
+            IF FOUND THEN
+                IF r.watch_until > v_now THEN
+                    PERFORM idempotency_notify_if_watched(r, v_now);
+                END IF;
+                ord := i;
+                outcome := 'OK';
+                rec := r;
+                RETURN NEXT;
+                CONTINUE;
+            END IF;
+        END IF;
+        RETURN QUERY
+            SELECT i, c.outcome, c.rec
+              FROM idempotency_complete(p_tenant[i], p_scope[i], p_key[i], p_token[i],
+                                        p_outcome[i], p_result[i], p_content_type[i],
+                                        p_status_code[i], p_result_ref[i], p_error[i],
+                                        p_permanent[i], p_retry_after_ms[i],
+                                        p_backoff_base_ms[i], p_backoff_cap_ms[i],
+                                        p_clock_offset_ms) c;
+    END LOOP;
+END;
+$$;
