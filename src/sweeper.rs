@@ -27,6 +27,20 @@ pub struct Sweeper {
     batch: u32,
 }
 
+/// What one sweep covers.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sweep<'a> {
+    /// One tenant's records, or (`None`) every tenant's.
+    pub tenant: Option<&'a Tenant>,
+    /// Up to this many records of each kind; `None`: until none is left.
+    pub limit: Option<u64>,
+    /// Only count what would be swept.
+    pub dry_run: bool,
+    /// Give up when another replica is sweeping (the background sweeper:
+    /// one replica at a time).
+    pub exclusive: bool,
+}
+
 impl Sweeper {
     pub fn new(store: Store, batch: u32) -> Self {
         Sweeper {
@@ -35,17 +49,15 @@ impl Sweeper {
         }
     }
 
-    /// Sweeps up to `limit` records of each kind (`None`: until nothing is
-    /// left) of one tenant (`None`: all), batch by batch. With `exclusive`,
-    /// gives up (returning `None`) when another replica is sweeping. A dry
-    /// run only counts.
-    pub async fn sweep(
-        &self,
-        tenant: Option<&Tenant>,
-        limit: Option<u64>,
-        dry_run: bool,
-        exclusive: bool,
-    ) -> Result<Option<SweepCounts>, StoreError> {
+    /// Sweeps as `sweep` says, batch by batch; `None` when it gave up to
+    /// another replica that is sweeping.
+    pub async fn sweep(&self, sweep: Sweep<'_>) -> Result<Option<SweepCounts>, StoreError> {
+        let Sweep {
+            tenant,
+            limit,
+            dry_run,
+            exclusive,
+        } = sweep;
         let limit = limit.unwrap_or(u64::MAX);
         let mut total = SweepCounts::default();
         if dry_run {
@@ -115,7 +127,12 @@ pub async fn run(
     loop {
         ticks.tick().await;
         let started = tokio::time::Instant::now();
-        let swept = sweeper.sweep(None, None, false, true).await;
+        let swept = sweeper
+            .sweep(Sweep {
+                exclusive: true,
+                ..Sweep::default()
+            })
+            .await;
         let outcome = match &swept {
             Ok(Some(_)) => SweepOutcome::Swept,
             Ok(None) => SweepOutcome::Skipped,

@@ -30,7 +30,7 @@ use crate::proto;
 use crate::proto::acquire_request::RequestFingerprint;
 use crate::proto::coordinator_server::Coordinator;
 use crate::store::{CallTime, Store};
-use crate::sweeper::Sweeper;
+use crate::sweeper::{Sweep, Sweeper};
 use crate::telemetry;
 use crate::transport::CallDeadline;
 
@@ -312,7 +312,12 @@ impl Coordinator for CoordinatorService {
         // sweeps everyone's.
         let counts = self
             .sweeper
-            .sweep(Some(&caller.tenant), limit, req.dry_run, false)
+            .sweep(Sweep {
+                tenant: Some(&caller.tenant),
+                limit,
+                dry_run: req.dry_run,
+                exclusive: false,
+            })
             .await
             .map_err(Error::from)?
             .unwrap_or_default();
