@@ -11,8 +11,11 @@ use super::{ErrorText, Fingerprint, Key, LeaseToken, RequestId, Scope, Tenant};
 /// rest from the request.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RecordId {
+    /// The owner: the authenticated caller, never a request field.
     pub tenant: Tenant,
+    /// The operation the key belongs to.
     pub scope: Scope,
+    /// The caller's idempotency key, unique within the tenant and scope.
     pub key: Key,
 }
 
@@ -27,32 +30,62 @@ pub enum Status {
 /// A successful outcome as stored and replayed.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct StoredResult {
+    /// The response bytes to replay, exactly as the holder gave them.
     pub result: Vec<u8>,
+    /// The media type of `result` (e.g. `application/json`); empty when not
+    /// given.
     pub content_type: String,
+    /// An application status code to replay (e.g. an HTTP status); 0 when not
+    /// given.
     pub status_code: i32,
+    /// Where a result too large to store lives (a URL, an object key); empty
+    /// when none.
     pub result_ref: String,
 }
 
 /// One operation's state, as the database holds it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Record {
+    /// The operation, as stored.
     pub scope: String,
+    /// The idempotency key, as stored.
     pub key: String,
+    /// Where the operation stands: being worked on, done, or failed (for now
+    /// or for good).
     pub status: Status,
+    /// The request's fingerprint, fixed when the record was created; empty
+    /// when none.
     pub fingerprint: Fingerprint,
+    /// Leases granted so far, less released ones.
     pub attempt_count: u32,
+    /// Attempts allowed in all, fixed when the record was created.
     pub max_attempts: u32,
+    /// When the current lease runs out (database clock); set only while
+    /// PROCESSING.
     pub lease_expires_at: Option<DateTime<Utc>>,
+    /// When the next attempt is due (database clock); set only while FAILED.
     pub next_retry_at: Option<DateTime<Utc>>,
+    /// The last reported failure, or why the record became FAILED_PERMANENT;
+    /// empty when none.
     pub last_error: String,
+    /// When `last_error` was written; `None` when there is none.
     pub last_error_at: Option<DateTime<Utc>>,
     /// Set when SUCCEEDED.
     pub result: Option<StoredResult>,
+    /// The progress last saved with ExtendLease, for whoever takes over;
+    /// empty when none.
     pub checkpoint: Vec<u8>,
+    /// The latest lease's fencing token (see `Lease::fencing_token`).
     pub fencing_token: u64,
+    /// When the record was created (database clock).
     pub created_at: DateTime<Utc>,
+    /// When the record last changed (database clock).
     pub updated_at: DateTime<Utc>,
+    /// When the record became SUCCEEDED or FAILED_PERMANENT; `None` until
+    /// then.
     pub completed_at: Option<DateTime<Utc>>,
+    /// When the record is deleted (database clock); it is not found from then
+    /// on.
     pub expires_at: DateTime<Utc>,
     /// The latest lease; handed out only with a PROCEED decision.
     pub lease: Lease,
@@ -82,11 +115,16 @@ impl Record {
 /// The right to do the work and report it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
+    /// Proves the holder's right to Complete and ExtendLease; kept after the
+    /// lease ends so that a repeated Complete is recognised.
     pub token: LeaseToken,
     /// Which attempt, from 1.
     pub attempt: u32,
     /// `None` once the lease has ended (the record left PROCESSING).
     pub expires_at: Option<DateTime<Utc>>,
+    /// Grows with every lease ever granted on the key; holders pass it to
+    /// downstream writes so that a stale holder's late write can be refused
+    /// there.
     pub fencing_token: u64,
 }
 
@@ -129,7 +167,10 @@ impl Decision {
 /// An Acquire's answer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Acquired {
+    /// What the caller must do.
     pub decision: Decision,
+    /// The record as it stands after the decision (on CONFLICT: the one the
+    /// key belongs to).
     pub record: Record,
     /// Set on IN_PROGRESS and RETRY_LATER.
     pub retry_after: Option<Duration>,
@@ -222,15 +263,23 @@ pub enum Outcome {
 
 #[derive(Debug, Clone)]
 pub struct CompleteCommand {
+    /// The record whose lease is completed.
     pub id: RecordId,
+    /// The lease token Acquire returned; one that is not the record's latest
+    /// is refused as `LeaseLost`.
     pub token: LeaseToken,
+    /// How the holder's work ended: what the record stores.
     pub outcome: Outcome,
 }
 
 #[derive(Debug, Clone)]
 pub struct ExtendCommand {
+    /// The record whose lease is extended.
     pub id: RecordId,
+    /// The current lease's token.
     pub token: LeaseToken,
+    /// How much to add: the new expiry is max(old expiry, now) plus this,
+    /// never past the maximum lease from now.
     pub extend_by: Duration,
     /// `None` keeps the stored checkpoint.
     pub checkpoint: Option<Vec<u8>>,
@@ -249,8 +298,11 @@ pub enum DueReason {
 /// A due record as offered to one recovery subscriber.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DueRecord {
+    /// The tenant that owns the record.
     pub tenant: Tenant,
+    /// The record as it stood when it was offered.
     pub record: Record,
+    /// Why it is offered: a retry came due, or its holder's lease ran out.
     pub reason: DueReason,
 }
 
