@@ -88,6 +88,7 @@ fn hd(d: Duration) -> humantime::Duration {
     about = "Runs each side-effecting operation exactly once: a gRPC coordinator over PostgreSQL."
 )]
 pub struct Cli {
+    /// What to do: serve, migrate, or ask a server's health.
     #[command(subcommand)]
     pub command: Command,
 
@@ -214,6 +215,7 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEMPOTENCY_HTTP_LISTEN")]
     pub http_listen: Option<SocketAddr>,
 
+    /// Where the database is (or where a private one is started).
     #[command(flatten)]
     pub database: DatabaseArgs,
 
@@ -512,25 +514,40 @@ fn nonzero(d: Duration) -> Option<Duration> {
 /// Everything `serve` needs, resolved.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
+    /// Where the gRPC port is served (port 0 picks a free one).
     pub listen: SocketAddr,
     /// Where the HTTP/JSON door is served; `None`: nowhere.
     pub http_listen: Option<SocketAddr>,
+    /// How the store reaches PostgreSQL: URL, pool and shared connections,
+    /// timeouts, replay cache.
     pub store: StoreConfig,
+    /// The defaults and limits applied to every request.
     pub policy: Policy,
+    /// Pending migrations are applied at start (off with
+    /// `--skip-migrations`).
     pub run_migrations: bool,
+    /// On SIGTERM/SIGINT, how long to keep serving after readiness turns
+    /// NOT_SERVING.
     pub shutdown_delay: Duration,
+    /// How often readiness asks the database whether it answers.
     pub health_interval: Duration,
     /// Background sweeping every this long; zero: off.
     pub sweep_interval: Duration,
+    /// Records of each kind one sweeping transaction handles at most.
     pub sweep_batch: u32,
+    /// How the WatchDue recovery feed offers and looks for due records.
     pub feed: FeedConfig,
+    /// Where the sweeper POSTs due records; `None`: no webhook.
     pub webhook: Option<WebhookConfig>,
     /// The credentials file; `None`: authentication off.
     pub auth_tokens: Option<PathBuf>,
+    /// How many calls may wait at once, in all and per tenant.
     pub waiter_limits: WaiterLimits,
+    /// The largest request message accepted on either port, in bytes.
     pub max_request_bytes: usize,
     /// Request bytes held at once while requests arrive.
     pub max_inflight_request_bytes: usize,
+    /// How long a request's body may take to arrive after its headers.
     pub request_body_timeout: Duration,
     /// Accepting and keeping connections.
     pub connections: ConnectionLimits,
