@@ -79,12 +79,17 @@ pub(super) trait Call: Send + Sync + Sized + 'static {
 
 /// What a batch needs besides its calls.
 pub(super) struct Settings {
+    /// The shared connections the batches' statements run on.
     pub mux: Arc<Mux>,
+    /// The database clock (test offset, measured skew), for the stamp each
+    /// statement carries.
     pub clock: Clock,
     /// Batches of one kind running at once.
     pub workers: usize,
     /// Calls in one statement at most.
     pub max_batch: usize,
+    /// The longest a batch's statement is waited for; the earliest deadline
+    /// of its callers shortens it.
     pub query_timeout: Duration,
 }
 

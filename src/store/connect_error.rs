@@ -231,7 +231,11 @@ impl Cause {
 /// A connection that could not be had: where, why, and what to check.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectError {
+    /// Where the connection was to go: hosts, database and user, without the
+    /// password.
     pub target: ConnectTarget,
+    /// What went wrong, which decides what the message tells the operator to
+    /// check.
     pub cause: Cause,
 }
 

@@ -27,6 +27,7 @@ use super::error::QueryTimeout;
 pub(super) struct Shared {
     /// The slot it was connected for.
     slot: usize,
+    /// The connection itself, on which every call's statements are pipelined.
     pub client: Client,
     prepared: std::sync::Mutex<HashMap<&'static str, Statement>>,
     /// `true` once retired.
