@@ -173,6 +173,8 @@ pub struct BodyLimits {
     pub max_message: usize,
     /// The longest a body (or a message, by [`Pace`]) may take to arrive.
     pub timeout: Duration,
+    /// Whether `timeout` covers the whole body or runs afresh for each
+    /// message.
     pub pace: Pace,
     /// Names the flag that sets `max_message`, for the caller's error.
     pub max_message_flag: &'static str,

@@ -64,8 +64,13 @@ pub fn http2_builder(limits: &ConnectionLimits) -> http2::Builder<TokioExecutor>
 /// limit, every call through admission.
 #[derive(Clone)]
 pub struct Grpc {
+    /// The HTTP/2 settings each connection is served with.
     pub builder: http2::Builder<TokioExecutor>,
+    /// The admission limits every call passes through, shared by all
+    /// connections.
     pub admission: Arc<Admission>,
+    /// A connection with no call open for this long is closed gracefully;
+    /// `None`: never.
     pub idle_timeout: Option<Duration>,
 }
 
@@ -163,8 +168,12 @@ pub fn http_builder(limits: &ConnectionLimits) -> auto::Builder<TokioExecutor> {
 /// preface in plaintext), every request to the handler.
 #[derive(Clone)]
 pub struct Http {
+    /// The HTTP/1.1 and HTTP/2 settings each connection is served with.
     pub builder: Arc<auto::Builder<TokioExecutor>>,
+    /// What answers every request on the port.
     pub handler: Arc<dyn HttpHandler>,
+    /// A connection with no request open for this long is closed gracefully;
+    /// `None`: never.
     pub idle_timeout: Option<Duration>,
 }
 

@@ -79,7 +79,11 @@ pub struct ConnectionLimits {
     pub keepalive_timeout: Duration,
     /// TCP keepalive probes after this much silence; `None`: off.
     pub tcp_keepalive: Option<Duration>,
+    /// The largest header list a request may send, in bytes as HTTP/2 counts
+    /// it; on HTTP/1.1 it sizes the read buffer (at least 8 KiB).
     pub max_header_list_bytes: u32,
+    /// The HTTP/2 flow-control window of each stream and each connection, in
+    /// bytes.
     pub window_bytes: u32,
 }
 
