@@ -83,17 +83,21 @@ pub enum CallKind {
 /// One call: what was asked, when, and what came back.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Call {
+    /// Which call it was.
     pub kind: CallKind,
     /// The server the call went to, when the history has several.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub server: String,
+    /// The scope the call named.
     pub scope: String,
+    /// The idempotency key the call named.
     pub key: String,
     /// The Acquire's request_id ('' for none).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub request_id: String,
     /// Wall-clock start and end of the call, as the client saw them.
     pub start_us: Micros,
+    /// When the client had the answer, or gave up on it.
     pub end_us: Micros,
     /// The deadline the client sent (grpc-timeout).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -160,7 +164,9 @@ impl Call {
 /// A Complete's request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Sent {
+    /// The lease token the Complete presented.
     pub lease_token: String,
+    /// Which outcome the Complete reported.
     pub outcome: Outcome,
     /// The success's result bytes.
     #[serde(default, with = "hex_bytes", skip_serializing_if = "Option::is_none")]
@@ -198,24 +204,38 @@ pub enum Status {
 /// A lease as PROCEED granted it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
+    /// The lease's token, as the answer spelled it.
     pub token: String,
+    /// The lease's fencing token: it must grow with every grant on the key.
     pub fencing_token: u64,
+    /// Which attempt the lease is, from 1.
     pub attempt: u32,
+    /// When the lease runs out (database clock).
     pub expires_at_us: Micros,
 }
 
 /// A record as an answer or the final read showed it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
+    /// The record's status.
     pub status: Status,
+    /// The fencing token of the record's latest lease.
     pub fencing_token: u64,
+    /// Leases granted so far, less released ones.
     pub attempt_count: u32,
     /// When SUCCEEDED: the stored result.
     #[serde(default, with = "hex_bytes", skip_serializing_if = "Option::is_none")]
     pub result: Option<Vec<u8>>,
+    /// When the record was created (database clock): with the key, it names
+    /// one record.
     pub created_at_us: Micros,
+    /// When the record last changed (database clock); on PROCEED, when the
+    /// lease was granted.
     pub updated_at_us: Micros,
+    /// When the record is deleted (database clock).
     pub expires_at_us: Micros,
+    /// When the current lease runs out (database clock); `None` unless
+    /// PROCESSING.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_expires_at_us: Option<Micros>,
 }
@@ -224,9 +244,13 @@ pub struct Record {
 /// (database clock).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FinalRead {
+    /// The scope of the key read.
     pub scope: String,
+    /// The idempotency key read.
     pub key: String,
+    /// When the key was read (database clock).
     pub read_at_us: Micros,
+    /// The record as it stood; `None` when there was none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub record: Option<Record>,
 }
@@ -253,7 +277,9 @@ mod hex_bytes {
 #[derive(Debug, thiserror::Error)]
 #[error("history line {line}: {source}")]
 pub struct ParseError {
+    /// The line that did not parse, from 1.
     pub line: usize,
+    /// Why it did not parse.
     #[source]
     pub source: serde_json::Error,
 }
@@ -304,9 +330,13 @@ pub enum ViolationKind {
 /// A broken promise: what, on which key, and the evidence.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Violation {
+    /// Which promise is broken.
     pub kind: ViolationKind,
+    /// The scope of the key it happened on.
     pub scope: String,
+    /// The idempotency key it happened on.
     pub key: String,
+    /// The evidence, in words.
     pub detail: String,
 }
 

@@ -861,21 +861,27 @@ pub fn swept(expired_deleted: u64, leases_reclaimed: u64) {
 /// The state read when a scrape arrives.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Snapshot {
-    /// Pooled connections allowed, open, idle, and calls waiting for one.
+    /// Pooled connections allowed at most (`--pool-size`).
     pub pool_max_size: usize,
+    /// Pooled connections open now.
     pub pool_size: usize,
+    /// Pooled connections open and idle.
     pub pool_available: usize,
+    /// Calls waiting for a pooled connection.
     pub pool_waiting: usize,
-    /// Shared connections configured, and connected now.
+    /// Shared connections configured (`--shared-connections`).
     pub shared_connections: usize,
+    /// Shared connections connected now.
     pub shared_connected: usize,
     /// Calls waiting for a batch worker.
     pub queued_calls: usize,
     /// What the replay cache holds, in bytes.
     pub replay_cache_bytes: u64,
-    /// Waiters alive, asleep, and the records they wait on.
+    /// Calls waiting on this server (Acquire with wait, Watch, WatchDue).
     pub waiters: usize,
+    /// Waiters asleep until their record changes.
     pub waiters_parked: usize,
+    /// Records at least one call on this server waits on.
     pub watched_records: usize,
 }
 

@@ -100,7 +100,10 @@ impl Sweeper {
 pub struct SweepTotals {
     /// Rounds in which this replica swept (not skipped).
     pub rounds: AtomicU64,
+    /// Records past their expiry that this replica's sweeps deleted.
     pub expired_deleted: AtomicU64,
+    /// PROCESSING records whose lease ran out, turned FAILED or
+    /// FAILED_PERMANENT by this replica's sweeps.
     pub leases_reclaimed: AtomicU64,
 }
 
