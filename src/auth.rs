@@ -43,7 +43,9 @@ pub enum AuthError {
 pub enum CredentialsError {
     #[error("cannot read {path}")]
     Read {
+        /// The credentials file.
         path: PathBuf,
+        /// Why it could not be read.
         #[source]
         source: std::io::Error,
     },

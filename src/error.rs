@@ -29,6 +29,8 @@ pub struct Violation {
     /// The field's name as in the proto, dotted for nested fields
     /// (`success.result`).
     pub field: String,
+    /// Why the field was refused, as the caller reads it in the BadRequest
+    /// details.
     pub description: String,
 }
 
@@ -54,8 +56,12 @@ pub enum Error {
     /// A message declared longer than the server accepts.
     #[error("the request message is {declared} bytes, over the limit of {limit} ({flag})")]
     RequestTooLarge {
+        /// The length the message's gRPC frame declared, in bytes.
         declared: usize,
+        /// The largest message accepted, in bytes.
         limit: usize,
+        /// What sets the limit (a flag, or the fixed health and reflection
+        /// limit), named to the caller.
         flag: &'static str,
     },
     /// A request body that did not arrive in time; the call did not run.

@@ -52,7 +52,9 @@ pub enum WebhookError {
     CaWithoutTls,
     #[error("cannot read the recovery webhook's CA {path}")]
     ReadCa {
+        /// The CA file given with --recovery-webhook-ca.
         path: PathBuf,
+        /// Why it could not be read.
         #[source]
         source: std::io::Error,
     },
@@ -60,7 +62,9 @@ pub enum WebhookError {
     NoCertificate(PathBuf),
     #[error("the recovery webhook's CA {path} is not usable")]
     BadCa {
+        /// The CA file given with --recovery-webhook-ca.
         path: PathBuf,
+        /// Why its certificates were refused.
         #[source]
         source: reqwest::Error,
     },

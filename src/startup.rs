@@ -63,8 +63,11 @@ pub enum StartupError {
         cause_chain(.last.as_ref())
     )]
     GaveUp {
+        /// Connection attempts made.
         attempts: u32,
+        /// How long they took in all.
         waited: Duration,
+        /// Why the last attempt failed.
         last: Box<dyn std::error::Error + Send + Sync>,
     },
     #[error("{0}")]
@@ -79,9 +82,11 @@ pub enum StartupError {
     Migrate(#[from] migrate::MigrateError),
     #[error("{}", bind_failure(addr, flag, source))]
     Bind {
+        /// The address that could not be bound.
         addr: SocketAddr,
         /// The flag that chose the address.
         flag: &'static str,
+        /// What the operating system said.
         #[source]
         source: std::io::Error,
     },

@@ -90,7 +90,9 @@ fn filter(rust_log: Option<&str>) -> EnvFilter {
 pub enum TelemetryError {
     #[error("the OTLP endpoint {endpoint:?} is not usable")]
     Exporter {
+        /// The collector's address, as given.
         endpoint: String,
+        /// Why the exporter could not be built.
         #[source]
         source: opentelemetry_otlp::ExporterBuildError,
     },

@@ -37,7 +37,9 @@ pub struct TlsFiles {
 pub enum TlsError {
     #[error("cannot read {path}")]
     Read {
+        /// The PEM file.
         path: PathBuf,
+        /// Why it could not be read or parsed.
         #[source]
         source: rustls::pki_types::pem::Error,
     },

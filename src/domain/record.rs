@@ -253,7 +253,9 @@ pub struct AcquireCommand {
 pub enum Outcome {
     Success(StoredResult),
     Failure {
+        /// What went wrong, for whoever retries or investigates.
         error: ErrorText,
+        /// Do not retry: the record becomes FAILED_PERMANENT.
         permanent: bool,
         /// Overrides the backoff when set.
         retry_after: Option<Duration>,
