@@ -89,8 +89,11 @@ pub(crate) type Answer<'a, T> = Option<Result<&'a T, &'a tonic::Status>>;
 /// When a call ran and with what deadline.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Timing {
+    /// When the client sent the call (wall clock).
     pub(crate) start_us: Micros,
+    /// When the client had the answer, or gave up on it (wall clock).
     pub(crate) end_us: Micros,
+    /// The deadline the call was sent with; `None`: none.
     pub(crate) deadline: Option<Duration>,
 }
 

@@ -32,10 +32,15 @@ pub(crate) fn resident_mib(pid: u32) -> Option<f64> {
 }
 
 pub(crate) struct CycleStats {
+    /// Acquire-then-Complete cycles finished, by every client together.
     pub(crate) cycles: u64,
+    /// How long the clients ran.
     pub(crate) elapsed: Duration,
+    /// Latency of each whole cycle, in microseconds.
     pub(crate) cycle: Histogram<u64>,
+    /// Latency of each cycle's Acquire, in microseconds.
     pub(crate) acquire: Histogram<u64>,
+    /// Latency of each cycle's Complete, in microseconds.
     pub(crate) complete: Histogram<u64>,
 }
 
@@ -54,8 +59,11 @@ impl CycleStats {
 
 /// Calls per second and their latency, for scenarios of single calls.
 pub(crate) struct CallStats {
+    /// Timed calls made, by every client together.
     pub(crate) calls: u64,
+    /// How long the clients ran.
     pub(crate) elapsed: Duration,
+    /// Latency of each timed call, in microseconds.
     pub(crate) latency: Histogram<u64>,
 }
 
