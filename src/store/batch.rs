@@ -271,8 +271,13 @@ async fn connection<C>(settings: &Settings, batch: &mut Vec<Pending<C>>) -> Opti
                 drop_late(batch);
                 return (!batch.is_empty()).then_some(shared);
             }
-            // Calls that may still wait try again; the others hear why.
-            Err(e) if batch.iter().any(|p| p.take_by > Instant::now()) => {
+            // The first call's wait ran out: it hears so (`drop_late`), and
+            // calls that may still wait try again. A connection refused
+            // outright fails them all at once.
+            Err(e)
+                if Instant::now() >= take_by
+                    && batch.iter().any(|p| p.take_by > Instant::now()) =>
+            {
                 tracing::debug!(error = ?e, "batch: no connection yet");
             }
             Err(e) => {
