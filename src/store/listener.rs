@@ -81,27 +81,32 @@ pub fn start(
     // attempt a second costs the database nothing, and readiness comes back
     // within about an interval of the database answering again.
     //
-    // A session that was listening and ends (a connection silently dropped,
-    // say) is replaced at once, within half an interval, before readiness
-    // says anything: while new connections work, losing one costs readiness
+    // A session that went silent (a connection dropped by a NAT or a
+    // firewall, while new ones work) is replaced at once, within half an
+    // interval, before readiness says anything: losing one costs readiness
     // nothing. The new session's start wakes every waiter to re-check what
-    // the lost one may not have heard.
+    // the lost one may not have heard. A session the database ended (a
+    // restart, a terminated backend) is down until a new one listens.
     let task = tokio::spawn(async move {
         let mut reported = false;
         let mut at_once = false;
         loop {
             let connect_within = if at_once { interval / 2 } else { interval * 2 };
-            let (why, was_listening) =
+            let (why, ended) =
                 listen_once(&pg, &state, interval, connect_within, &clock, &on_change).await;
-            if was_listening {
-                tracing::info!(reason = %why, "database listener lost its session; connecting again");
-                reported = false;
+            let was_listening = ended != Ended::NeverListened;
+            // Silent implies it had listened: no loop without a session.
+            if ended == Ended::Silent {
+                tracing::info!(reason = %why, "database listener's session went silent; connecting again");
                 at_once = true;
                 continue;
             }
             at_once = false;
             state.send_replace(false);
             crate::metrics::listener_connected(false);
+            if was_listening {
+                reported = false;
+            }
             if reported {
                 tracing::debug!(reason = %why, "database listener still down");
             } else {
@@ -128,6 +133,17 @@ async fn read_clock(
     Ok(())
 }
 
+/// How a listener's session ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// Before it listened (no connection, LISTEN refused, ...).
+    NeverListened,
+    /// The database ended it or a check failed.
+    Failed,
+    /// A check got no answer in time.
+    Silent,
+}
+
 /// One connected session: LISTEN, then read the clock every `interval`
 /// until something fails. Returns why it ended, and whether it got as far
 /// as listening.
@@ -138,15 +154,20 @@ async fn listen_once(
     connect_within: Duration,
     clock: &Clock,
     on_change: &Arc<dyn Fn(Change) + Send + Sync>,
-) -> (String, bool) {
+) -> (String, Ended) {
     let connect = tokio::time::timeout(connect_within, pg.connect(NoTls)).await;
     let (client, mut connection) = match connect {
         Ok(Ok(pair)) => pair,
-        Ok(Err(e)) => return (ConnectError::connecting(pg, &e).to_string(), false),
+        Ok(Err(e)) => {
+            return (
+                ConnectError::connecting(pg, &e).to_string(),
+                Ended::NeverListened,
+            );
+        }
         Err(_) => {
             return (
                 ConnectError::timed_out(pg, connect_within).to_string(),
-                false,
+                Ended::NeverListened,
             );
         }
     };
@@ -173,32 +194,43 @@ async fn listen_once(
         .await
     {
         driver.abort();
-        return (format!("LISTEN failed: {}", e), false);
+        return (format!("LISTEN failed: {}", e), Ended::NeverListened);
     }
     let read = match client.prepare("SELECT clock_timestamp()").await {
         Ok(read) => read,
         Err(e) => {
             driver.abort();
-            return (format!("preparing the check failed: {}", e), false);
+            return (
+                format!("preparing the check failed: {}", e),
+                Ended::NeverListened,
+            );
         }
     };
     if let Err(e) = read_clock(&client, &read, clock).await {
         driver.abort();
-        return (format!("reading the clock failed: {}", e), false);
+        return (
+            format!("reading the clock failed: {}", e),
+            Ended::NeverListened,
+        );
     }
     state.send_replace(true);
     crate::metrics::listener_connected(true);
     tracing::info!("listening for changes; ready");
-    let why = loop {
+    let ended = loop {
         tokio::time::sleep(interval).await;
         match tokio::time::timeout(interval, read_clock(&client, &read, clock)).await {
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => break format!("check failed: {}", e),
-            Err(_) => break format!("check took longer than {interval:?}"),
+            Ok(Err(e)) => break (format!("check failed: {}", e), Ended::Failed),
+            Err(_) => {
+                break (
+                    format!("check took longer than {interval:?}"),
+                    Ended::Silent,
+                );
+            }
         }
     };
     driver.abort();
-    (why, true)
+    ended
 }
 
 #[cfg(test)]

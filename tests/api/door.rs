@@ -466,9 +466,10 @@ async fn one_tenant_holds_at_most_half_the_budget_and_its_refusals_are_counted_a
     // Once they are in, tenant a's next request is refused 429.
     let client = http_client();
     let mut n = 0;
+    // 32 MiB to read in: on a loaded machine that takes a while.
     eventually(
         "tenant a's share to be full",
-        Duration::from_secs(5),
+        Duration::from_secs(30),
         || {
             n += 1;
             let request = client
