@@ -142,6 +142,7 @@ async fn answer(
             &format!("{SERVICE_PREFIX}{method}"),
             &message,
             &parts.headers,
+            Some(&caller),
             connect_timeout(&parts.headers),
             call,
         )

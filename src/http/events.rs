@@ -57,6 +57,7 @@ pub(super) async fn serve(
             &format!("{SERVICE_PREFIX}{method}"),
             &message,
             &parts.headers,
+            Some(&caller),
             connect_timeout(&parts.headers),
             call,
         )

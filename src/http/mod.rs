@@ -323,19 +323,21 @@ impl Door {
     }
 
     /// Makes one Coordinator call through admission, in process, as a gRPC
-    /// request carrying `message` (protobuf) and the caller's credentials,
-    /// trace context and deadline; returns the answer's message or the
-    /// status it was refused with.
+    /// request carrying `message` (protobuf), the caller the door already
+    /// authenticated (if any: admission then does not read the credentials
+    /// again), the caller's credentials, trace context and deadline;
+    /// returns the answer's message or the status it was refused with.
     async fn call_coordinator(
         &self,
         path: &str,
         message: &[u8],
         headers: &HeaderMap,
+        caller: Option<&Caller>,
         timeout: Option<Duration>,
         call: OpenCall,
     ) -> Result<Bytes, Status> {
         let body = self
-            .open_call(path, message, headers, timeout, call)
+            .open_call(path, message, headers, caller, timeout, call)
             .await?;
         let collected = body.collect().await?;
         if let Some(trailers) = collected.trailers() {
@@ -359,6 +361,7 @@ impl Door {
         path: &str,
         message: &[u8],
         headers: &HeaderMap,
+        caller: Option<&Caller>,
         timeout: Option<Duration>,
         call: OpenCall,
     ) -> Result<tonic::body::Body, Status> {
@@ -378,6 +381,9 @@ impl Door {
             .body(Full::new(framed.freeze()))
             .map_err(|e| Status::internal(format!("cannot build the call: {e}")))?;
         request.extensions_mut().insert(FromHttpPort);
+        if let Some(caller) = caller {
+            request.extensions_mut().insert(caller.clone());
+        }
         for name in ["authorization", "traceparent", "tracestate"] {
             if let Some(value) = headers.get(name) {
                 request.headers_mut().insert(name, value.clone());

@@ -40,12 +40,14 @@ use tonic::Code;
 use super::connect::retry_after_seconds;
 use super::connect::{Codec, codec};
 use super::{Door, DoorError, HeldBody, Media, json_response, parse_json, violations};
+use crate::auth::Caller;
 use crate::domain::{Key, Record, RecordId, Scope, Status};
 use crate::error::Error;
 use crate::proto::{
     self, AcquireRequest, AcquireResponse, CompleteRequest, CompleteResponse, Decision,
     acquire_request::RequestFingerprint, complete_request::Outcome,
 };
+use crate::store::CallTime;
 use crate::transport::{HttpBody, OpenCall};
 
 /// The longest FAILED backoff, and the exponent's cap, of the old API:
@@ -235,14 +237,14 @@ fn rfc3339(t: Option<&prost_types::Timestamp>) -> Value {
 async fn json_request(
     door: &Door,
     request: Request<Incoming>,
-) -> Result<(http::request::Parts, HeldBody), DoorError> {
+) -> Result<(http::request::Parts, Caller, HeldBody), DoorError> {
     let caller = door.caller(request.headers())?;
     if codec(request.headers()) != Some(Codec::Json) {
         return Err(DoorError::MediaType("application/json"));
     }
     let (parts, body) = request.into_parts();
     let body = door.read_body(body, &parts, &caller, Media::Json).await?;
-    Ok((parts, body))
+    Ok((parts, caller, body))
 }
 
 const ACQUIRE_FIELDS: [&str; 6] = [
@@ -270,7 +272,7 @@ async fn try_acquire(
     request: Request<Incoming>,
     call: OpenCall,
 ) -> Result<Response<HttpBody>, DoorError> {
-    let (parts, body) = json_request(door, request).await?;
+    let (parts, caller, body) = json_request(door, request).await?;
     let fields = parse_json(&body, |text| Fields::parse(text, &ACQUIRE_FIELDS)).await?;
     // The fields are read: the body's share of the budget goes back.
     drop(body);
@@ -307,6 +309,7 @@ async fn try_acquire(
             "/idempotency.v1.Coordinator/Acquire",
             &acquire.encode_to_vec(),
             &parts.headers,
+            Some(&caller),
             None,
             call,
         )
@@ -398,7 +401,7 @@ async fn try_complete(
     call: OpenCall,
     known: &mut Option<&'static str>,
 ) -> Result<Response<HttpBody>, DoorError> {
-    let (parts, body) = json_request(door, request).await?;
+    let (parts, caller, body) = json_request(door, request).await?;
     let fields = parse_json(&body, |text| Fields::parse(text, &COMPLETE_FIELDS)).await?;
     // The fields are read: the body's share of the budget goes back.
     drop(body);
@@ -468,6 +471,7 @@ async fn try_complete(
             "/idempotency.v1.Coordinator/Complete",
             &complete.encode_to_vec(),
             &parts.headers,
+            Some(&caller),
             None,
             call,
         )
@@ -512,7 +516,7 @@ async fn latest(
         key,
     };
     door.store
-        .get(&id, None)
+        .get(&id, CallTime::default())
         .await
         .map_err(|e| DoorError::Coordinator(Error::from(e).into()))
 }
@@ -530,6 +534,7 @@ pub(super) async fn health(
             "/grpc.health.v1.Health/Check",
             &check.encode_to_vec(),
             request.headers(),
+            None,
             Some(Duration::from_secs(5)),
             call,
         )

@@ -329,10 +329,16 @@ impl Admission {
         };
         let mut reservation = match service {
             Service::Coordinator => {
-                let caller = self
-                    .auth
-                    .caller_from_headers(request.headers())
-                    .inspect_err(|_| refused(port, "unauthenticated"))?;
+                // A caller in the extensions was put there in process by the
+                // HTTP door, which authenticated it from these same headers
+                // (a request from the network carries none).
+                let caller = match request.extensions_mut().remove::<Caller>() {
+                    Some(caller) => caller,
+                    None => self
+                        .auth
+                        .caller_from_headers(request.headers())
+                        .inspect_err(|_| refused(port, "unauthenticated"))?,
+                };
                 let reservation = self.hold_for(&caller, Vec::new());
                 request.extensions_mut().insert(caller);
                 reservation
