@@ -990,16 +990,15 @@ fn answer(request: &Request<Incoming>, snapshot: &SnapshotFn) -> Response<String
 /// it connects.
 #[derive(Default)]
 struct Scrapers {
-    open: std::sync::Mutex<std::collections::HashMap<u64, (Instant, tokio::task::AbortHandle)>>,
+    open: std::sync::Mutex<OpenScrapes>,
 }
 
+/// Each open scrape connection, by number: when it last began a request
+/// (or was accepted), and its task.
+type OpenScrapes = std::collections::HashMap<u64, (Instant, tokio::task::AbortHandle)>;
+
 impl Scrapers {
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<
-        '_,
-        std::collections::HashMap<u64, (Instant, tokio::task::AbortHandle)>,
-    > {
+    fn lock(&self) -> std::sync::MutexGuard<'_, OpenScrapes> {
         self.open.lock().unwrap_or_else(|e| e.into_inner())
     }
 

@@ -222,7 +222,7 @@ pub async fn follow(
         };
         read_again = false;
         let left = end.saturating_duration_since(Instant::now());
-        let wait = Some(left.max(DEADLINE_MARGIN));
+        let wait = CallTime::default().waiting(left.max(DEADLINE_MARGIN));
         let read = if window_over {
             // The last event reads afresh rather than trust that every
             // notification has arrived.

@@ -371,17 +371,13 @@ async fn run<C: Call>(settings: &Settings, batch: &mut Vec<Pending<C>>, shared: 
 }
 
 /// The stamp of a statement sent now for calls the first of whose callers
-/// stops waiting at `answer_by`: it must finish by then (less the margin of
-/// `statement_limit`), or by the query timeout's limit if that is sooner.
-/// One caller's short deadline thus bounds its whole batch: a batch that
-/// finishes after it rolls back whole, and every call in it hears
-/// UNAVAILABLE rather than one call's lease committing unheard.
+/// stops waiting at `answer_by`. One caller's short deadline thus bounds its
+/// whole batch: a batch that finishes after it rolls back whole, and every
+/// call in it hears UNAVAILABLE rather than one call's lease committing
+/// unheard.
 fn stamp_by(settings: &Settings, answer_by: Option<Instant>) -> Stamp {
-    let limit = answer_by.map_or(settings.query_timeout, |at| {
-        at.saturating_duration_since(Instant::now())
-            .min(settings.query_timeout)
-    });
-    settings.clock.stamp(super::mux::statement_limit(limit))
+    let limit = super::mux::statement_limit_until(settings.query_timeout, answer_by);
+    settings.clock.stamp(limit)
 }
 
 /// The batch's rows in the order of its calls: exactly one for each call.

@@ -115,17 +115,6 @@ impl CallTime {
     }
 }
 
-impl From<Option<Duration>> for CallTime {
-    /// A call prepared to wait `wait` for a connection, with no deadline of
-    /// its own.
-    fn from(wait: Option<Duration>) -> Self {
-        CallTime {
-            connect_wait: wait,
-            answer_by: None,
-        }
-    }
-}
-
 /// Connection pool plus the test clock: cheap to clone, shared by every call.
 #[derive(Clone)]
 pub struct Store {
@@ -237,11 +226,11 @@ impl Store {
         &self,
         cmd: &CompleteCommand,
         backoff: Backoff,
-        time: impl Into<CallTime>,
+        time: CallTime,
     ) -> Result<Record, StoreError> {
         let call = CompleteCall::new(cmd, backoff);
         let batch = self.batches.as_ref().map(|b| &b.complete);
-        let row = self.run_call(call, batch, time.into()).await?;
+        let row = self.run_call(call, batch, time).await?;
         record_unless_refused(row)
     }
 
@@ -250,9 +239,8 @@ impl Store {
         &self,
         cmd: &ExtendCommand,
         max_lease: Duration,
-        time: impl Into<CallTime>,
+        time: CallTime,
     ) -> Result<Lease, StoreError> {
-        let time = time.into();
         let stamp = self.stamp(&time)?;
         let row = self
             .query_one(
@@ -275,12 +263,7 @@ impl Store {
     }
 
     /// The live record, or `Refused(NotFound)`.
-    pub async fn get(
-        &self,
-        id: &RecordId,
-        time: impl Into<CallTime>,
-    ) -> Result<Record, StoreError> {
-        let time = time.into();
+    pub async fn get(&self, id: &RecordId, time: CallTime) -> Result<Record, StoreError> {
         let stamp = self.stamp(&time)?;
         let row = self
             .query_one(
@@ -305,9 +288,8 @@ impl Store {
         &self,
         id: &RecordId,
         watch: Duration,
-        time: impl Into<CallTime>,
+        time: CallTime,
     ) -> Result<Record, StoreError> {
-        let time = time.into();
         let stamp = self.stamp(&time)?;
         let row = self
             .query_one(

@@ -97,6 +97,18 @@ pub(super) fn statement_limit(query_timeout: Duration) -> Duration {
     (query_timeout * 9 / 10).max(Duration::from_millis(1))
 }
 
+/// The same for a statement sent now whose (first) caller stops waiting at
+/// `answer_by`: the earlier of its deadline and the query timeout bounds it.
+pub(super) fn statement_limit_until(
+    query_timeout: Duration,
+    answer_by: Option<tokio::time::Instant>,
+) -> Duration {
+    statement_limit(answer_by.map_or(query_timeout, |at| {
+        at.saturating_duration_since(tokio::time::Instant::now())
+            .min(query_timeout)
+    }))
+}
+
 impl Mux {
     pub fn new(
         mut pg: tokio_postgres::Config,
@@ -231,19 +243,21 @@ impl Mux {
     /// failure (calls on the new connection are answered).
     async fn probe_slot(&self, index: usize, limit: Duration) -> Result<(), StoreError> {
         let shared = self.slot_within(index, limit).await?;
-        let answered = self
-            .in_time(&shared, limit, async {
-                Ok(shared.client.batch_execute("").await?)
-            })
-            .await;
+        let answered = self.ping(&shared, limit).await;
         if answered.is_ok() || !*shared.retired.borrow() {
             return answered;
         }
-        // A quarter of the limit: a working database connects and answers
-        // in far less, and a cut network is reported barely later.
+        // A quarter of the limit: a working database connects and answers in
+        // far less, and a cut network is reported barely later.
         let replaced = self.slot_within(index, limit / 4).await?;
-        self.in_time(&replaced, limit / 4, async {
-            Ok(replaced.client.batch_execute("").await?)
+        self.ping(&replaced, limit / 4).await
+    }
+
+    /// An empty query on `shared`, answered within `limit` (or `shared`
+    /// retired).
+    async fn ping(&self, shared: &Arc<Shared>, limit: Duration) -> Result<(), StoreError> {
+        self.in_time(shared, limit, async {
+            Ok(shared.client.batch_execute("").await?)
         })
         .await
     }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{Store, StoreError};
+use super::{CallTime, Store, StoreError};
 
 /// A running probe.
 pub struct Probe {
@@ -57,7 +57,7 @@ impl Store {
         if let Some(mux) = &self.mux {
             return mux.probe(limit).await;
         }
-        let client = self.connection(Some(limit).into()).await?;
+        let client = self.connection(CallTime::default().waiting(limit)).await?;
         let answer =
             tokio::time::timeout(limit, async { Ok(client.batch_execute("").await?) }).await;
         self.answered_in_time(client, answer)

@@ -15,7 +15,7 @@ use super::batch::{self, Call};
 use super::clock::Stamp;
 use super::connect_error::ConnectError;
 use super::error::{PastDeadline, QueryTimeout};
-use super::mux::statement_limit;
+use super::mux::statement_limit_until;
 use super::{CallTime, Store, StoreError};
 
 pub(crate) fn millis(d: Duration) -> i64 {
@@ -80,14 +80,11 @@ impl Store {
     /// margin `statement_limit` keeps for the commit and the clocks' skew).
     /// A call whose deadline has passed sends nothing.
     pub(super) fn stamp(&self, time: &CallTime) -> Result<Stamp, StoreError> {
-        let limit = match time.left() {
-            None => self.query_timeout,
-            Some(left) if left.is_zero() => {
-                return Err(StoreError::Unavailable(Box::new(PastDeadline)));
-            }
-            Some(left) => left.min(self.query_timeout),
-        };
-        Ok(self.clock.stamp(statement_limit(limit)))
+        if time.left().is_some_and(|left| left.is_zero()) {
+            return Err(StoreError::Unavailable(Box::new(PastDeadline)));
+        }
+        let limit = statement_limit_until(self.query_timeout, time.answer_by);
+        Ok(self.clock.stamp(limit))
     }
 
     /// One row of a call's statement: pipelined on a shared connection when
