@@ -561,7 +561,6 @@ impl Application {
             }
         };
         let store_to_wait_on = store.clone();
-        let store_for_http = store.clone();
         let (run_migrations, database_wait) = (config.run_migrations, config.database_wait);
         let coordinator = CoordinatorServer::new(CoordinatorService::new(
             store,
@@ -676,7 +675,6 @@ impl Application {
                 let door = crate::http::Door::new(
                     Arc::clone(&admission),
                     auth_for_http,
-                    store_for_http,
                     config.max_request_bytes,
                     config.request_body_timeout,
                 )?;

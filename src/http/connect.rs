@@ -26,7 +26,7 @@ use prost::Message as _;
 use serde_json::{Value, json};
 use std::time::Duration;
 
-use super::{Door, DoorError, Media, json_response, parse_json};
+use super::{Asks, Door, DoorError, Media, json_response, parse_json};
 use crate::proto::Decision;
 use crate::transport::{HttpBody, OpenCall};
 
@@ -142,7 +142,7 @@ async fn answer(
             &format!("{SERVICE_PREFIX}{method}"),
             &message,
             &parts.headers,
-            Some(&caller),
+            Asks::caller(&caller),
             connect_timeout(&parts.headers),
             call,
         )

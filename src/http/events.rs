@@ -21,7 +21,7 @@ use tonic::Status;
 
 use super::connect::{Codec, SERVICE_PREFIX, codec, connect_timeout, error_json};
 use super::json::Schema;
-use super::{Door, DoorError, Media, failed, parse_json};
+use super::{Asks, Door, DoorError, Media, failed, parse_json};
 use crate::transport::{HttpBody, OpenCall};
 
 pub(super) async fn serve(
@@ -52,12 +52,12 @@ pub(super) async fn serve(
     let message = parse_json(&body, move |text| Ok(schema.json_to_proto(input, text)?)).await?;
     // The body is protobuf now: its share of the budget goes back.
     drop(body);
-    let stream = door
+    let (_, stream) = door
         .open_call(
             &format!("{SERVICE_PREFIX}{method}"),
             &message,
             &parts.headers,
-            Some(&caller),
+            Asks::caller(&caller),
             connect_timeout(&parts.headers),
             call,
         )

@@ -9,12 +9,18 @@
 //!   (`POST /idempotency.v1.Coordinator/Acquire`, canonical proto3 JSON);
 //! - [`events`]: the streaming methods (Watch, WatchDue) as Server-Sent
 //!   Events;
-//! - [`json`]: canonical JSON by reflection over the embedded descriptors.
+//! - [`json`]: canonical JSON by reflection over the embedded descriptors;
+//! - `inprocess`: how the door makes a Coordinator call;
+//! - `refusal`: why the door refused a request ([`DoorError`]), as a status,
+//!   a JSON body, a log line and a metric.
 //!
 //! Every Coordinator call the door makes goes through the gRPC port's
 //! [`Admission`] in process, as a gRPC request (the caller's `authorization`
 //! passed through): credentials, tenants, byte budgets, deadlines, metrics,
-//! traces and the database gate apply exactly as to gRPC callers. Before
+//! traces and the database gate apply exactly as to gRPC callers. The one
+//! read the workflow API makes for itself (a token-less `/complete` needs
+//! the current lease token) is such a call too: a Get that asks, in the
+//! request's extensions no network caller can set, for the token. Before
 //! a byte of a body is read, the door checks the headers: HTTP/1.1 framing
 //! as RFC 9112 has it, no browser's cross-site request, the caller's
 //! credentials, the content type. The body is then held to twice
@@ -26,29 +32,31 @@
 
 pub mod connect;
 pub mod events;
+mod inprocess;
 pub mod json;
+mod refusal;
 pub mod workflow;
+
+use inprocess::{Asks, failed};
+pub use refusal::{DoorError, http_status};
+use refusal::{json_response, log_refusal, violations};
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{BufMut as _, Bytes, BytesMut};
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Version, header};
-use http_body_util::{BodyExt as _, Full};
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Response, Version, header};
+use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use tokio::sync::Semaphore;
-use tonic::{Code, Status};
 
-use crate::auth::{AuthError, Authenticator, Caller};
+use crate::auth::{Authenticator, Caller};
 use crate::domain::JsonValues;
 use crate::error::cause_chain;
-use crate::metrics;
-use crate::store::Store;
 use crate::transport::{
-    Admission, ConnectionShare, FromHttpPort, Full as BudgetFull, HttpBody, HttpHandler, OpenCall,
-    Reservation, printable,
+    Admission, ConnectionShare, HttpBody, HttpHandler, OpenCall, Reservation, printable,
 };
 use json::Schema;
 
@@ -144,10 +152,8 @@ fn well_formed<B>(request: &Request<B>) -> Result<(), DoorError> {
 pub struct Door {
     /// The gRPC port's admission, which every Coordinator call goes through.
     admission: Arc<Admission>,
-    /// Who the caller is, for the one read the workflow API makes itself.
+    /// Who the caller is, read from the headers before the body.
     auth: Arc<Authenticator>,
-    /// That read: the key's latest lease, for callers that carry no token.
-    store: Store,
     /// Canonical JSON of the contract's messages.
     schema: Schema,
     /// The largest JSON body read.
@@ -160,14 +166,12 @@ impl Door {
     pub fn new(
         admission: Arc<Admission>,
         auth: Arc<Authenticator>,
-        store: Store,
         max_request_bytes: usize,
         body_timeout: Duration,
     ) -> Result<Arc<Self>, prost_reflect::DescriptorError> {
         Ok(Arc::new(Door {
             admission,
             auth,
-            store,
             schema: Schema::load()?,
             max_body_bytes: max_request_bytes.saturating_mul(2),
             body_timeout,
@@ -321,349 +325,12 @@ impl Door {
         let bytes = Bytes::from(whole);
         Ok(HeldBody { bytes, _held: held })
     }
-
-    /// Makes one Coordinator call through admission, in process, as a gRPC
-    /// request carrying `message` (protobuf), the caller the door already
-    /// authenticated (if any: admission then does not read the credentials
-    /// again), the caller's credentials, trace context and deadline;
-    /// returns the answer's message or the status it was refused with.
-    async fn call_coordinator(
-        &self,
-        path: &str,
-        message: &[u8],
-        headers: &HeaderMap,
-        caller: Option<&Caller>,
-        timeout: Option<Duration>,
-        call: OpenCall,
-    ) -> Result<Bytes, Status> {
-        let body = self
-            .open_call(path, message, headers, caller, timeout, call)
-            .await?;
-        let collected = body.collect().await?;
-        if let Some(trailers) = collected.trailers() {
-            failed(trailers)?;
-        }
-        let mut bytes = collected.to_bytes();
-        if bytes.len() < 5 || bytes[0] != 0 {
-            return Err(Status::internal(
-                "the answer is not one uncompressed message",
-            ));
-        }
-        let _ = bytes.split_to(5);
-        Ok(bytes)
-    }
-
-    /// Starts one Coordinator call as [`Door::call_coordinator`] does and
-    /// returns the answer's gRPC body (messages, then trailers) once its
-    /// headers say it was not refused.
-    async fn open_call(
-        &self,
-        path: &str,
-        message: &[u8],
-        headers: &HeaderMap,
-        caller: Option<&Caller>,
-        timeout: Option<Duration>,
-        call: OpenCall,
-    ) -> Result<tonic::body::Body, Status> {
-        let mut framed = BytesMut::with_capacity(5 + message.len());
-        framed.put_u8(0);
-        framed.put_u32(
-            u32::try_from(message.len())
-                .map_err(|_| Status::resource_exhausted("the request message is too large"))?,
-        );
-        framed.put_slice(message);
-        let mut request = Request::builder()
-            .method(Method::POST)
-            .uri(path)
-            .version(http::Version::HTTP_2)
-            .header(header::CONTENT_TYPE, "application/grpc")
-            .header(header::TE, "trailers")
-            .body(Full::new(framed.freeze()))
-            .map_err(|e| Status::internal(format!("cannot build the call: {e}")))?;
-        request.extensions_mut().insert(FromHttpPort);
-        if let Some(caller) = caller {
-            request.extensions_mut().insert(caller.clone());
-        }
-        for name in ["authorization", "traceparent", "tracestate"] {
-            if let Some(value) = headers.get(name) {
-                request.headers_mut().insert(name, value.clone());
-            }
-        }
-        if let Some(timeout) = timeout {
-            // grpc-timeout allows 8 digits.
-            let ms = timeout.as_millis().min(99_999_999);
-            if let Ok(value) = HeaderValue::from_str(&format!("{ms}m")) {
-                request.headers_mut().insert("grpc-timeout", value);
-            }
-        }
-        let response = match self.admission.call(request, call).await {
-            Ok(response) => response,
-            Err(never) => match never {},
-        };
-        let (parts, body) = response.into_parts();
-        failed(&parts.headers)?;
-        Ok(body)
-    }
-}
-
-/// The status in a gRPC answer's headers or trailers, if it is an error.
-fn failed(headers: &HeaderMap) -> Result<(), Status> {
-    match Status::from_header_map(headers) {
-        Some(status) if status.code() != Code::Ok => Err(status),
-        _ => Ok(()),
-    }
-}
-
-/// Why the door refused a request, before or after the Coordinator saw it.
-#[derive(Debug, thiserror::Error)]
-pub enum DoorError {
-    #[error("the body is not valid JSON: {0}")]
-    Syntax(String),
-    /// A field with the wrong type, an unknown field, or a bad value.
-    #[error("{field}: {message}")]
-    Field { field: String, message: String },
-    #[error("{0}")]
-    Shape(String),
-    #[error("the request body is larger than {0} bytes (twice --max-request-bytes)")]
-    TooLarge(usize),
-    #[error("the request body did not arrive within {0:?} (--request-body-timeout)")]
-    TooSlow(Duration),
-    #[error("the request body could not be read")]
-    BodyUnreadable,
-    #[error("{}", overloaded(*.0))]
-    Overloaded(BudgetFull),
-    /// The media types the route reads.
-    #[error("send Content-Type: {0}")]
-    MediaType(&'static str),
-    /// Credentials missing or unknown (when they are required).
-    #[error("{0}")]
-    Unauthenticated(AuthError),
-    /// A browser's request from another site (`Sec-Fetch-Site: cross-site`).
-    #[error(
-        "cross-site requests are refused: call this API from a server, not from another site's page"
-    )]
-    CrossSite,
-    #[error("the body holds more than {0} JSON values")]
-    TooManyValues(usize),
-    /// An HTTP/1.1 request RFC 9112 says to refuse.
-    #[error("malformed request: {0}")]
-    Malformed(&'static str),
-    #[error("transfer codings other than chunked are not implemented")]
-    TransferCoding,
-    #[error("no such route")]
-    NoRoute,
-    #[error("method not allowed on this route")]
-    MethodNotAllowed,
-    /// The Coordinator's answer.
-    #[error("{}", .0.message())]
-    Coordinator(Status),
-}
-
-impl From<Status> for DoorError {
-    fn from(status: Status) -> Self {
-        DoorError::Coordinator(status)
-    }
-}
-
-impl From<json::JsonError> for DoorError {
-    fn from(error: json::JsonError) -> Self {
-        match error {
-            json::JsonError::Syntax(m) => DoorError::Syntax(m),
-            json::JsonError::Shape(m) => DoorError::Shape(m),
-        }
-    }
-}
-
-/// What a refusal for want of room in the budget says.
-fn overloaded(full: BudgetFull) -> &'static str {
-    match full {
-        BudgetFull::Server => {
-            "the server is receiving too many requests at once; try again shortly"
-        }
-        BudgetFull::Tenant => {
-            "this tenant's requests arriving now hold its whole share of the server; try again shortly"
-        }
-        BudgetFull::Connection => {
-            "this connection's requests arriving now hold its whole share; send fewer at once"
-        }
-    }
-}
-
-impl DoorError {
-    /// The reason label of the refusal metric for the door's own refusals;
-    /// `None` for the Coordinator's answers, which admission and the
-    /// service count.
-    fn metric_reason(&self) -> Option<&'static str> {
-        Some(match self {
-            DoorError::Syntax(_)
-            | DoorError::Field { .. }
-            | DoorError::Shape(_)
-            | DoorError::BodyUnreadable => "invalid",
-            DoorError::TooLarge(_) => "too_large",
-            DoorError::TooSlow(_) => "too_slow",
-            DoorError::Overloaded(full) => full.reason(),
-            DoorError::MediaType(_) => "media_type",
-            DoorError::Unauthenticated(_) => "unauthenticated",
-            DoorError::CrossSite => "cross_site",
-            DoorError::TooManyValues(_) => "too_many_values",
-            DoorError::Malformed(_) | DoorError::TransferCoding => "malformed",
-            DoorError::NoRoute => "not_found",
-            DoorError::MethodNotAllowed => "method",
-            DoorError::Coordinator(_) => return None,
-        })
-    }
-
-    /// The gRPC code that says the same, and the HTTP status it is
-    /// answered with: the Connect protocol's mapping of codes to statuses,
-    /// in this one place.
-    pub fn code_and_status(&self) -> (Code, StatusCode) {
-        let code = match self {
-            DoorError::Syntax(_)
-            | DoorError::Field { .. }
-            | DoorError::Shape(_)
-            | DoorError::TooManyValues(_)
-            | DoorError::Malformed(_)
-            | DoorError::BodyUnreadable => Code::InvalidArgument,
-            DoorError::Unauthenticated(_) => Code::Unauthenticated,
-            DoorError::CrossSite => Code::PermissionDenied,
-            DoorError::TransferCoding => Code::Unimplemented,
-            DoorError::MediaType(_) => {
-                return (Code::InvalidArgument, StatusCode::UNSUPPORTED_MEDIA_TYPE);
-            }
-            DoorError::TooLarge(_) => {
-                return (Code::ResourceExhausted, StatusCode::PAYLOAD_TOO_LARGE);
-            }
-            DoorError::TooSlow(_) => {
-                return (Code::DeadlineExceeded, StatusCode::REQUEST_TIMEOUT);
-            }
-            DoorError::Overloaded(_) => Code::ResourceExhausted,
-            DoorError::NoRoute => return (Code::NotFound, StatusCode::NOT_FOUND),
-            DoorError::MethodNotAllowed => {
-                return (Code::Unimplemented, StatusCode::METHOD_NOT_ALLOWED);
-            }
-            DoorError::Coordinator(status) => status.code(),
-        };
-        (code, http_status(code))
-    }
-
-    /// The stable reason: the ErrorInfo reason of a Coordinator answer, or
-    /// the door's own.
-    pub fn reason(&self) -> String {
-        match self {
-            DoorError::Syntax(_) => "INVALID_JSON".into(),
-            DoorError::Field { .. } | DoorError::Shape(_) | DoorError::BodyUnreadable => {
-                "INVALID_ARGUMENT".into()
-            }
-            DoorError::TooLarge(_) => "REQUEST_TOO_LARGE".into(),
-            DoorError::TooSlow(_) => "REQUEST_TOO_SLOW".into(),
-            DoorError::Overloaded(_) => "OVERLOADED".into(),
-            DoorError::MediaType(_) => "UNSUPPORTED_MEDIA_TYPE".into(),
-            DoorError::Unauthenticated(_) => "UNAUTHENTICATED".into(),
-            DoorError::CrossSite => "CROSS_SITE_REQUEST".into(),
-            DoorError::TooManyValues(_) => "TOO_MANY_JSON_VALUES".into(),
-            DoorError::Malformed(_) => "MALFORMED_REQUEST".into(),
-            DoorError::TransferCoding => "UNSUPPORTED_TRANSFER_CODING".into(),
-            DoorError::NoRoute => "NOT_FOUND".into(),
-            DoorError::MethodNotAllowed => "METHOD_NOT_ALLOWED".into(),
-            DoorError::Coordinator(status) => error_info(status)
-                .map(|info| info.reason)
-                .unwrap_or_else(|| format!("{:?}", status.code()).to_uppercase()),
-        }
-    }
-}
-
-/// Counts a refusal of the door's own, and says why a request was refused
-/// in the log (debug: callers' mistakes are theirs; the Coordinator logged
-/// its own failures with their causes), every client-controlled character
-/// escaped (a field name may hold a newline).
-fn log_refusal(error: &DoorError) {
-    if let Some(reason) = error.metric_reason() {
-        crate::transport::refused(metrics::Port::Http, reason);
-    }
-    let (message, reason) = refusal_log_fields(error);
-    tracing::debug!(error = %message, %reason, "HTTP request refused");
-}
-
-/// The error and reason of the refusal's log line, escaped.
-fn refusal_log_fields(error: &DoorError) -> (String, String) {
-    (
-        printable(&cause_chain(error)).into_owned(),
-        printable(&error.reason()).into_owned(),
-    )
-}
-
-/// The Connect protocol's HTTP status for each code.
-pub fn http_status(code: Code) -> StatusCode {
-    match code {
-        Code::Ok => StatusCode::OK,
-        Code::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
-        Code::Unknown | Code::Internal | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
-        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
-            StatusCode::BAD_REQUEST
-        }
-        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
-        Code::NotFound => StatusCode::NOT_FOUND,
-        Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
-        Code::PermissionDenied => StatusCode::FORBIDDEN,
-        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
-        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
-        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
-    }
-}
-
-/// The `google.rpc.ErrorInfo` of a status, if it carries one.
-fn error_info(status: &Status) -> Option<tonic_types::ErrorInfo> {
-    use tonic_types::StatusExt as _;
-    status.get_details_error_info()
-}
-
-/// The `google.rpc.BadRequest` field violations of a status.
-fn violations(status: &Status) -> Vec<(String, String)> {
-    use tonic_types::StatusExt as _;
-    status
-        .get_details_bad_request()
-        .map(|bad| {
-            bad.field_violations
-                .into_iter()
-                .map(|v| (v.field, v.description))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// A JSON answer, ending in a newline (so that a shell prompt after `curl`
-/// starts on a line of its own).
-fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<HttpBody> {
-    let mut bytes = serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec());
-    bytes.push(b'\n');
-    let mut response = Response::new(Full::new(Bytes::from(bytes)).boxed_unsync());
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    response
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_refusals_log_fields_escape_what_the_client_wrote() {
-        let error = DoorError::Field {
-            field: "a\nINJECTED fake\u{1b}[2J".to_owned(),
-            message: "is not a field of this request".to_owned(),
-        };
-        let (message, reason) = refusal_log_fields(&error);
-        assert!(!message.chars().any(char::is_control), "{message:?}");
-        assert_eq!(
-            message,
-            "a\\nINJECTED fake\\u{1b}[2J: is not a field of this request"
-        );
-        assert_eq!(reason, "INVALID_ARGUMENT");
-    }
+    use http::StatusCode;
 
     fn request(version: Version, headers: &[(&str, &str)]) -> Request<()> {
         let mut builder = Request::builder().version(version).uri("/acquire");

@@ -34,6 +34,20 @@ use crate::sweeper::{Sweep, Sweeper};
 use crate::telemetry;
 use crate::transport::CallDeadline;
 
+/// Asks Get to answer the record's current lease token as well, in the
+/// response's extensions ([`CurrentLeaseToken`]), never on the wire. Only an
+/// in-process caller can put it in a request's extensions: the HTTP door's
+/// seed-004 `/complete`, which completes the current lease when its caller
+/// sends no token (the API it keeps had none). A network caller cannot ask
+/// for a token it was not given.
+#[derive(Clone, Copy, Debug)]
+pub struct WantLeaseToken;
+
+/// The record's current lease token, answered to a Get that asked for it
+/// with [`WantLeaseToken`]; empty when the record has no lease.
+#[derive(Clone, Debug)]
+pub struct CurrentLeaseToken(pub String);
+
 /// The Coordinator service, one per server; cheap to share.
 #[derive(Clone)]
 pub struct CoordinatorService {
@@ -230,6 +244,7 @@ impl Coordinator for CoordinatorService {
         request: Request<proto::GetRequest>,
     ) -> Result<Response<proto::GetResponse>, Status> {
         let budget = call_budget(&request);
+        let token_wanted = request.extensions().get::<WantLeaseToken>().is_some();
         let id = decode::get(self.caller(&request)?.tenant, request.into_inner())?;
         telemetry::record_id(&id);
         let record = self
@@ -237,9 +252,14 @@ impl Coordinator for CoordinatorService {
             .get(&id, call_time(budget))
             .await
             .map_err(Error::from)?;
-        Ok(Response::new(proto::GetResponse {
+        let token = token_wanted.then(|| CurrentLeaseToken(record.lease.token.to_string()));
+        let mut response = Response::new(proto::GetResponse {
             record: Some(encode::record(record)),
-        }))
+        });
+        if let Some(token) = token {
+            response.extensions_mut().insert(token);
+        }
+        Ok(response)
     }
 
     type WatchStream = EventStream<proto::WatchEvent>;

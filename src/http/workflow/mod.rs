@@ -34,20 +34,23 @@ use std::time::Duration;
 use http::{HeaderMap, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use prost::Message as _;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use tonic::Code;
+
+mod fields;
+
+use fields::{Fields, field};
 
 use super::connect::retry_after_seconds;
 use super::connect::{Codec, codec};
-use super::{Door, DoorError, HeldBody, Media, json_response, parse_json, violations};
+use super::{Asks, Door, DoorError, HeldBody, Media, json_response, parse_json, violations};
 use crate::auth::Caller;
-use crate::domain::{Key, Record, RecordId, Scope, Status};
-use crate::error::Error;
+use crate::domain::Status;
 use crate::proto::{
-    self, AcquireRequest, AcquireResponse, CompleteRequest, CompleteResponse, Decision,
-    acquire_request::RequestFingerprint, complete_request::Outcome,
+    self, AcquireRequest, AcquireResponse, CompleteRequest, CompleteResponse, Decision, GetRequest,
+    GetResponse, acquire_request::RequestFingerprint, complete_request::Outcome,
 };
-use crate::store::CallTime;
+use crate::service::{CurrentLeaseToken, WantLeaseToken};
 use crate::transport::{HttpBody, OpenCall};
 
 /// The longest FAILED backoff, and the exponent's cap, of the old API:
@@ -65,95 +68,6 @@ const CONFLICT_PREFIX: &str = "CONFLICT: ";
 pub fn backoff_seconds(base: u64, attempt_count: u64) -> u64 {
     let factor = 1u64 << attempt_count.min(MAX_BACKOFF_EXPONENT);
     base.saturating_mul(factor).min(MAX_BACKOFF_SECONDS)
-}
-
-/// A request body's fields, read leniently.
-struct Fields(Map<String, Value>);
-
-impl Fields {
-    /// Reads `body`'s object. Fields other than `known` are ignored, as
-    /// the service these routes replace ignored them (a workflow may send
-    /// more than it must), and named in the debug log.
-    fn parse(body: &[u8], known: &[&str]) -> Result<Self, DoorError> {
-        let value: Value =
-            serde_json::from_slice(body).map_err(|e| DoorError::Syntax(e.to_string()))?;
-        let Value::Object(mut map) = value else {
-            return Err(DoorError::Shape("the body must be a JSON object".into()));
-        };
-        let unknown: Vec<String> = map
-            .keys()
-            .filter(|k| !known.contains(&k.as_str()))
-            .cloned()
-            .collect();
-        if !unknown.is_empty() {
-            let names: Vec<_> = unknown
-                .iter()
-                .map(|name| crate::transport::printable(name))
-                .collect();
-            tracing::debug!(ignored = %names.join(", "), "fields this route does not read");
-            for name in &unknown {
-                map.remove(name);
-            }
-        }
-        Ok(Fields(map))
-    }
-
-    /// The value, unless absent, null or "".
-    fn present(&self, name: &str) -> Option<&Value> {
-        match self.0.get(name) {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) if s.is_empty() => None,
-            Some(v) => Some(v),
-        }
-    }
-
-    /// A string, or a number as its text: a workflow tool renders an ID
-    /// from a numeric field (`{"idempotency_key": 424242}`) as a number.
-    fn string(&self, name: &str) -> Result<Option<String>, DoorError> {
-        match self.present(name) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(Value::Number(n)) => Ok(Some(n.to_string())),
-            Some(_) => Err(field(name, "must be a string (or a number)")),
-        }
-    }
-
-    fn required(&self, name: &str) -> Result<String, DoorError> {
-        self.string(name)?.ok_or_else(|| field(name, "is required"))
-    }
-
-    /// A whole number, or a string of one.
-    fn number(&self, name: &str) -> Result<Option<u64>, DoorError> {
-        let refuse = || {
-            field(
-                name,
-                "must be a whole number of at least 0, or a string of one",
-            )
-        };
-        match self.present(name) {
-            None => Ok(None),
-            Some(Value::Number(n)) => n.as_u64().map(Some).ok_or_else(refuse),
-            Some(Value::String(s)) => s.trim().parse::<u64>().map(Some).map_err(|_| refuse()),
-            Some(_) => Err(refuse()),
-        }
-    }
-
-    fn flag(&self, name: &str) -> Result<bool, DoorError> {
-        match self.present(name) {
-            None => Ok(false),
-            Some(Value::Bool(b)) => Ok(*b),
-            Some(Value::String(s)) if s == "true" => Ok(true),
-            Some(Value::String(s)) if s == "false" => Ok(false),
-            Some(_) => Err(field(name, "must be true or false")),
-        }
-    }
-}
-
-fn field(name: &str, message: &str) -> DoorError {
-    DoorError::Field {
-        field: name.to_owned(),
-        message: message.to_owned(),
-    }
 }
 
 /// This API's name for a field of the contract.
@@ -309,7 +223,7 @@ async fn try_acquire(
             "/idempotency.v1.Coordinator/Acquire",
             &acquire.encode_to_vec(),
             &parts.headers,
-            Some(&caller),
+            Asks::caller(&caller),
             None,
             call,
         )
@@ -427,19 +341,25 @@ async fn try_complete(
 
     // Without a token, the key's latest lease; without an attempt count for
     // a failure's backoff, the record's.
-    let record =
-        if token.is_none() || (final_status == FinalStatus::Failed && attempt_count.is_none()) {
-            let record = latest(door, &parts.headers, scope.clone(), key.clone()).await?;
-            *known = Some(old_status(record.status, &record.last_error));
-            Some(record)
-        } else {
-            None
+    let record = if token.is_none()
+        || (final_status == FinalStatus::Failed && attempt_count.is_none())
+    {
+        let get = GetRequest {
+            scope: scope.clone(),
+            key: key.clone(),
         };
+        let (record, current) = latest(door, &parts.headers, &caller, get, call.another()).await?;
+        *known = Some(old_status_of(&record));
+        Some((record, current))
+    } else {
+        None
+    };
     let token = match (token, &record) {
         (Some(token), _) => token,
-        (None, Some(record)) => record.lease.token.to_string(),
+        (None, Some((_, current))) => current.clone(),
         (None, None) => String::new(),
     };
+    let record = record.map(|(record, _)| record);
     let attempt_count = attempt_count
         .or_else(|| record.as_ref().map(|r| u64::from(r.attempt_count)))
         .unwrap_or(0);
@@ -471,7 +391,7 @@ async fn try_complete(
             "/idempotency.v1.Coordinator/Complete",
             &complete.encode_to_vec(),
             &parts.headers,
-            Some(&caller),
+            Asks::caller(&caller),
             None,
             call,
         )
@@ -496,29 +416,35 @@ async fn try_complete(
     Ok(json_response(StatusCode::OK, &body))
 }
 
-/// The caller's record for `scope` and `key`, as it stands: for its latest
-/// lease token and attempt count.
+/// The caller's record for `scope` and `key`, as it stands, and its current
+/// lease token: a Get through admission like any other call, which also
+/// asks the service for the token ([`WantLeaseToken`]).
 async fn latest(
     door: &Door,
     headers: &HeaderMap,
-    scope: String,
-    key: String,
-) -> Result<Record, DoorError> {
-    let caller = door
-        .auth
-        .caller_from_headers(headers)
-        .map_err(|e| DoorError::Coordinator(Error::from(e).into()))?;
-    let scope = Scope::try_from(scope).map_err(|e| field("scope", &e.0))?;
-    let key = Key::try_from(key).map_err(|e| field("idempotency_key", &e.0))?;
-    let id = RecordId {
-        tenant: caller.tenant,
-        scope,
-        key,
-    };
-    door.store
-        .get(&id, CallTime::default())
-        .await
-        .map_err(|e| DoorError::Coordinator(Error::from(e).into()))
+    caller: &Caller,
+    get: GetRequest,
+    call: OpenCall,
+) -> Result<(proto::Record, String), DoorError> {
+    let (answer, extensions) = door
+        .call_coordinator_answering(
+            "/idempotency.v1.Coordinator/Get",
+            &get.encode_to_vec(),
+            headers,
+            Asks::caller(caller).with(WantLeaseToken),
+            None,
+            call,
+        )
+        .await?;
+    let record = GetResponse::decode(answer)
+        .map_err(|_| DoorError::Coordinator(tonic::Status::internal("unreadable answer")))?
+        .record
+        .unwrap_or_default();
+    let token = extensions
+        .get::<CurrentLeaseToken>()
+        .map(|token| token.0.clone())
+        .unwrap_or_default();
+    Ok((record, token))
 }
 
 pub(super) async fn health(
@@ -534,7 +460,7 @@ pub(super) async fn health(
             "/grpc.health.v1.Health/Check",
             &check.encode_to_vec(),
             request.headers(),
-            None,
+            Asks::default(),
             Some(Duration::from_secs(5)),
             call,
         )
@@ -564,41 +490,5 @@ mod tests {
         assert_eq!(seconds, [60, 120, 240, 480, 960, 1920, 3600, 3600, 3600]);
         assert_eq!(backoff_seconds(10, 6), 640);
         assert_eq!(backoff_seconds(u64::MAX, 3), 3600);
-    }
-
-    #[test]
-    fn fields_accept_what_n8n_renders_and_ignore_the_rest() {
-        let f = Fields::parse(
-            br#"{"a":"3","b":4,"c":"","d":null,"e":"x","g":true,"h":"true"}"#,
-            &["a", "b", "c", "d", "e", "g", "h"],
-        )
-        .unwrap();
-        assert_eq!(f.number("a").unwrap(), Some(3));
-        assert_eq!(f.number("b").unwrap(), Some(4));
-        assert_eq!(f.number("c").unwrap(), None);
-        assert_eq!(f.number("d").unwrap(), None);
-        assert!(f.number("e").is_err());
-        assert!(f.number("g").is_err());
-        // A number where text is read: its text (n8n renders numeric IDs so).
-        assert_eq!(f.string("b").unwrap().as_deref(), Some("4"));
-        assert!(f.string("g").is_err());
-        assert!(f.flag("g").unwrap() && f.flag("h").unwrap());
-        // Fields the route does not read are ignored.
-        let extra = Fields::parse(br#"{"zz":1,"a":"x"}"#, &["a"]).unwrap();
-        assert_eq!(extra.string("a").unwrap().as_deref(), Some("x"));
-        assert_eq!(extra.string("zz").unwrap(), None);
-        assert!(Fields::parse(b"[1]", &["a"]).is_err());
-        assert!(
-            Fields::parse(br#"{"a":-1}"#, &["a"])
-                .unwrap()
-                .number("a")
-                .is_err()
-        );
-        assert!(
-            Fields::parse(br#"{"a":1.5}"#, &["a"])
-                .unwrap()
-                .number("a")
-                .is_err()
-        );
     }
 }
