@@ -82,9 +82,14 @@
 //!   record, fencing tokens growing, one live lease per key, every PROCEED
 //!   accounted for); used by the fault tests and the benchmark. Pure: uses
 //!   nothing of ours.
-//! - [`metrics`]: Prometheus metrics in one process-wide registry, and the
-//!   plain HTTP listener that serves them (`--metrics-listen`). A leaf that
-//!   uses nothing of ours, so that every layer may count what it sees.
+//! - [`metrics`]: Prometheus metrics in one process-wide registry, a file
+//!   per area, each with its metrics' definitions and the functions that
+//!   record them (`metrics::calls`, `metrics::edge`, `metrics::store`,
+//!   `metrics::waiters`, `metrics::readiness`, `metrics::sweeper`, and
+//!   `metrics::snapshot` for the state read at scrape time), and
+//!   `metrics::exporter`, the plain HTTP listener that serves them
+//!   (`--metrics-listen`). A leaf that uses nothing of ours, so that every
+//!   layer may count what it sees.
 //!
 //! Dependencies point one way: `service` uses `domain`, `store`, `notify`,
 //! `error` and `telemetry` (and the caller's deadline as `transport` read
