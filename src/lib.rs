@@ -88,8 +88,8 @@
 //!   `metrics::waiters`, `metrics::readiness`, `metrics::sweeper`, and
 //!   `metrics::snapshot` for the state read at scrape time), and
 //!   `metrics::exporter`, the plain HTTP listener that serves them
-//!   (`--metrics-listen`). A leaf that uses nothing of ours, so that every
-//!   layer may count what it sees.
+//!   (`--metrics-listen`). Of ours it uses only `domain`'s names of
+//!   Acquire's decisions, so that every layer may count what it sees.
 //!
 //! Dependencies point one way: `service` uses `domain`, `store`, `notify`,
 //! `error` and `telemetry` (and the caller's deadline as `transport` read
@@ -101,8 +101,8 @@
 //! `auth`, `store` (one read: a key's latest lease), `domain`, `error` and
 //! the generated types;
 //! `error` uses `domain`, `auth` and `store`; `store` uses `domain` only;
-//! `domain` uses nothing of ours. `metrics` uses nothing of ours either and
-//! every module may call it. Only `startup` and `config` see everything.
+//! `domain` uses nothing of ours. `metrics` uses only `domain` and every
+//! module may call it. Only `startup` and `config` see everything.
 
 pub mod auth;
 pub mod config;

@@ -13,6 +13,7 @@ use prometheus_client::registry::{Registry, Unit};
 use tonic::Code;
 
 use super::{HistogramFamily, METRICS};
+use crate::domain::Decision;
 
 /// The services and methods this server answers: the only values the
 /// `service` and `method` labels take, besides `unknown`.
@@ -48,16 +49,6 @@ const UNKNOWN: &str = "unknown";
 const LATENCY_BUCKETS: [f64; 16] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
     60.0,
-];
-
-/// Acquire's decisions, as the contract names them.
-const DECISIONS: [&str; 6] = [
-    "PROCEED",
-    "ALREADY_DONE",
-    "IN_PROGRESS",
-    "RETRY_LATER",
-    "CONFLICT",
-    "EXHAUSTED",
 ];
 
 /// The reasons a call on a lease or record is refused (`ErrorInfo.reason`).
@@ -153,8 +144,10 @@ impl Calls {
             "Calls on a lease or record refused, by reason (LEASE_LOST, LEASE_EXPIRED, ALREADY_COMPLETED, RECORD_NOT_FOUND)",
             m.refusals.clone(),
         );
-        for decision in DECISIONS {
-            let _ = m.decisions.get_or_create(&DecisionLabels { decision });
+        for decision in Decision::ALL {
+            let _ = m.decisions.get_or_create(&DecisionLabels {
+                decision: decision.name(),
+            });
         }
         for reason in REFUSALS {
             let _ = m.refusals.get_or_create(&ReasonLabels { reason });
@@ -266,8 +259,9 @@ impl Drop for Rpc {
     }
 }
 
-/// An Acquire answered `decision` (its name in the contract, e.g.
-/// `PROCEED`) for `scope`; `takeover` when it took over a lease that ran out.
+/// An Acquire answered `decision` (its name in the contract,
+/// [`Decision::name`], e.g. `PROCEED`) for `scope`; `takeover` when it took
+/// over a lease that ran out.
 pub fn acquired(decision: &'static str, scope: &str, takeover: bool) {
     let m = &METRICS.calls;
     m.decisions

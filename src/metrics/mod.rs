@@ -1,13 +1,14 @@
 //! Prometheus metrics for operators: what every layer counts, and the plain
 //! HTTP listener (`--metrics-listen`) that serves them at `GET /metrics`.
 //!
-//! A leaf: it uses nothing of ours, so every layer may call it. The
-//! metrics live in one process-wide registry (a `LazyLock` static), so that
-//! recording a value needs no handle threaded through constructors: a call
-//! such as `metrics::replay_lookup(true)` is all a layer adds. The price is
-//! that servers sharing a process (the in-process test servers) share
-//! counters; tests that read exact values start a server process of their
-//! own.
+//! Nearly a leaf: of ours it uses only `domain`'s names of Acquire's
+//! decisions (and `domain` uses nothing of ours), so every layer may call
+//! it. The metrics live in one process-wide registry (a `LazyLock` static),
+//! so that recording a value needs no handle threaded through constructors:
+//! a call such as `metrics::replay_lookup(true)` is all a layer adds. The
+//! price is that servers sharing a process (the in-process test servers)
+//! share counters; tests that read exact values start a server process of
+//! their own.
 //!
 //! Labels are bounded: methods and gRPC codes come from fixed tables (a path
 //! no service answers is `unknown`), kinds and reasons are enumerations.
