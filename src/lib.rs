@@ -26,7 +26,10 @@
 //!   [`store::migrate`] (applies `sql/`: the schema's numbered migrations
 //!   once each, then each function file that changed) and
 //!   [`store::connect_error`] (every failed connection said once: where it
-//!   went, why, what to check; and the database URLs refused up front).
+//!   went, `connect_error::target`; why, `connect_error::cause`; the
+//!   sentence with what to check, `connect_error::message`; the database
+//!   URLs refused up front, `connect_error::url`; and the one-connection
+//!   probe start-up waits with, `connect_error::probe`).
 //! - [`service`]: the gRPC `Coordinator` trait: decode into domain commands,
 //!   call the store, encode the answer; `service::wait` holds Acquire's wait
 //!   window and the Watch stream.
