@@ -42,7 +42,14 @@
 //! - [`auth`]: who the caller is (bearer tokens to tenant and admin); the
 //!   only source of a request's tenant. `transport` asks it on the headers
 //!   and hands the caller to `service` in the request's extensions.
-//! - [`config`]: flags with environment fallbacks, defaults in one place.
+//! - [`config`]: flags with environment fallbacks and their defaults, a
+//!   file per thing configured: `config::database` (URL, pool, statements),
+//!   `config::auth`, `config::tls`, `config::policy` (request defaults and
+//!   limits), `config::limits` (waiters, requests, connections),
+//!   `config::recovery` (sweeper, WatchDue feed, webhook),
+//!   `config::lifecycle` (start, readiness, shutdown) and `config::health`
+//!   (the `health` command); `config::serve` groups them into the `serve`
+//!   command's flags and resolves them into a `ServeConfig`.
 //! - [`embedded`]: the private PostgreSQL that `serve` and `migrate` start in
 //!   `--data-dir` when no database URL is given (local development).
 //! - [`transport`]: the network edge, where no caller is trusted yet: the
