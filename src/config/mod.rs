@@ -115,6 +115,23 @@ mod tests {
     }
 
     #[test]
+    fn the_flags_default_to_what_servers_built_in_code_get() {
+        let cli = Cli::try_parse_from([
+            "idempotency-coordinator",
+            "serve",
+            "--database-url",
+            "postgres://x@y/z",
+        ])
+        .unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!("serve expected")
+        };
+        let from_flags = ServeConfig::from(*args);
+        let in_code = ServeConfig::new(from_flags.listen, "postgres://x@y/z");
+        assert_eq!(format!("{from_flags:?}"), format!("{in_code:?}"));
+    }
+
+    #[test]
     fn durations_read_as_human_text() {
         let cli = Cli::try_parse_from([
             "idempotency-coordinator",
