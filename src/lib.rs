@@ -26,7 +26,10 @@
 //!   [`store::migrate`] (applies `sql/`: the schema's numbered migrations
 //!   once each, then each function file that changed) and
 //!   [`store::connect_error`] (every failed connection said once: where it
-//!   went, why, what to check; and the database URLs refused up front).
+//!   went, `connect_error::target`; why, `connect_error::cause`; the
+//!   sentence with what to check, `connect_error::message`; the database
+//!   URLs refused up front, `connect_error::url`; and the one-connection
+//!   probe start-up waits with, `connect_error::probe`).
 //! - [`service`]: the gRPC `Coordinator` trait: decode into domain commands,
 //!   call the store, encode the answer; `service::wait` holds Acquire's wait
 //!   window and the Watch stream.
@@ -39,7 +42,14 @@
 //! - [`auth`]: who the caller is (bearer tokens to tenant and admin); the
 //!   only source of a request's tenant. `transport` asks it on the headers
 //!   and hands the caller to `service` in the request's extensions.
-//! - [`config`]: flags with environment fallbacks, defaults in one place.
+//! - [`config`]: flags with environment fallbacks and their defaults, a
+//!   file per thing configured: `config::database` (URL, pool, statements),
+//!   `config::auth`, `config::tls`, `config::policy` (request defaults and
+//!   limits), `config::limits` (waiters, requests, connections),
+//!   `config::recovery` (sweeper, WatchDue feed, webhook),
+//!   `config::lifecycle` (start, readiness, shutdown) and `config::health`
+//!   (the `health` command); `config::serve` groups them into the `serve`
+//!   command's flags and resolves them into a `ServeConfig`.
 //! - [`embedded`]: the private PostgreSQL that `serve` and `migrate` start in
 //!   `--data-dir` when no database URL is given (local development).
 //! - [`transport`]: the network edge, where no caller is trusted yet: the
@@ -82,9 +92,14 @@
 //!   record, fencing tokens growing, one live lease per key, every PROCEED
 //!   accounted for); used by the fault tests and the benchmark. Pure: uses
 //!   nothing of ours.
-//! - [`metrics`]: Prometheus metrics in one process-wide registry, and the
-//!   plain HTTP listener that serves them (`--metrics-listen`). A leaf that
-//!   uses nothing of ours, so that every layer may count what it sees.
+//! - [`metrics`]: Prometheus metrics in one process-wide registry, a file
+//!   per area, each with its metrics' definitions and the functions that
+//!   record them (`metrics::calls`, `metrics::edge`, `metrics::store`,
+//!   `metrics::waiters`, `metrics::readiness`, `metrics::sweeper`, and
+//!   `metrics::snapshot` for the state read at scrape time), and
+//!   `metrics::exporter`, the plain HTTP listener that serves them
+//!   (`--metrics-listen`). Of ours it uses only `domain`'s names of
+//!   Acquire's decisions, so that every layer may count what it sees.
 //!
 //! Dependencies point one way: `service` uses `domain`, `store`, `notify`,
 //! `error` and `telemetry` (and the caller's deadline as `transport` read
@@ -96,8 +111,8 @@
 //! `auth`, `store` (one read: a key's latest lease), `domain`, `error` and
 //! the generated types;
 //! `error` uses `domain`, `auth` and `store`; `store` uses `domain` only;
-//! `domain` uses nothing of ours. `metrics` uses nothing of ours either and
-//! every module may call it. Only `startup` and `config` see everything.
+//! `domain` uses nothing of ours. `metrics` uses only `domain` and every
+//! module may call it. Only `startup` and `config` see everything.
 
 pub mod auth;
 pub mod config;

@@ -177,7 +177,8 @@ pub struct Acquired {
 }
 
 /// How the last error of a record whose dead lease the sweeper reclaimed
-/// begins (`sql/functions/sweep.sql`, `idempotency_sweep_batch`).
+/// begins (`sql/functions/sweep.sql`, `idempotency_sweep_batch`); a test
+/// against the database (`tests/api/sweep.rs`) holds the two together.
 const RECLAIMED_LEASE_ERROR: &str = "the lease of attempt ";
 
 impl Acquired {

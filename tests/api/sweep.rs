@@ -3,7 +3,11 @@
 
 use std::time::Duration;
 
+use idempotency_coordinator::domain::{
+    self, AcquireCommand, Fingerprint, Key, RecordId, RequestId, Scope, Tenant,
+};
 use idempotency_coordinator::proto::{Decision, Status};
+use idempotency_coordinator::store::CallTime;
 
 use crate::helpers::*;
 
@@ -104,6 +108,51 @@ async fn a_holder_whose_lease_the_sweeper_reclaimed_can_still_complete_if_nobody
     )
     .await;
     assert_eq!(status_of(&record), Status::Succeeded);
+}
+
+/// The sweeper writes the last error of a lease it reclaimed
+/// (`idempotency_sweep_batch`), and the next holder's PROCEED is read as a
+/// takeover by how that error begins (`Acquired::took_over`): the SQL's
+/// words and the prefix Rust matches change together, or this fails.
+#[tokio::test]
+async fn the_next_holder_after_the_sweeper_reclaimed_a_lease_took_over() {
+    let app = spawn_app_without_sweeper().await;
+    let cmd = AcquireCommand {
+        id: RecordId {
+            tenant: Tenant::default_tenant(),
+            scope: Scope::try_from("s".to_owned()).unwrap(),
+            key: Key::try_from("reclaimed".to_owned()).unwrap(),
+        },
+        fingerprint: Fingerprint::of_payload(b"order 1"),
+        request_id: RequestId::default(),
+        lease_ttl: Duration::from_secs(5),
+        max_attempts: 3,
+        retention: Duration::from_secs(3600),
+        wait: Duration::ZERO,
+        answer_by: None,
+    };
+    let acquire = || app.store.acquire(&cmd, Duration::ZERO, CallTime::default());
+    let first = acquire().await.expect("first acquire");
+    assert_eq!(first.decision, domain::Decision::Proceed);
+    assert!(!first.took_over());
+
+    app.clock.advance(Duration::from_secs(6));
+    let swept = app
+        .store
+        .sweep_batch(None, 100, false, false)
+        .await
+        .expect("sweep")
+        .expect("not exclusive, so it sweeps");
+    assert_eq!(swept.leases_reclaimed, 1);
+
+    let next = acquire().await.expect("next acquire");
+    assert_eq!(next.decision, domain::Decision::Proceed);
+    assert_eq!(next.record.lease.attempt, 2);
+    assert!(
+        next.took_over(),
+        "the sweeper's last error is not read as a reclaimed lease: {:?}",
+        next.record.last_error
+    );
 }
 
 #[tokio::test]

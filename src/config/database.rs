@@ -1,0 +1,136 @@
+//! The database: where it is (or where a private one is started), the
+//! pool, and how statements reach it (shared connections, batches, the
+//! replay cache, the statement time limit, migrations at start).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use clap::builder::TypedValueParser;
+
+use super::hd;
+use crate::store::StoreConfig;
+
+/// Connections the pool keeps open at most.
+pub const DEFAULT_POOL_SIZE: usize = 16;
+/// How long a call waits for a database connection before UNAVAILABLE.
+pub const DEFAULT_CONNECT_WAIT: Duration = Duration::from_secs(1);
+/// Connections all calls share, their statements pipelined, and batches of
+/// each kind running at once (measured best on 2 cores; see README); 0: a
+/// pooled connection per call.
+pub const DEFAULT_SHARED_CONNECTIONS: usize = 2;
+/// Acquires (or Completes) that one statement carries at most when they
+/// arrive together; 1: each runs alone.
+pub const DEFAULT_BATCH_SIZE: usize = 64;
+/// Memory for SUCCEEDED records that replays are answered from, in MiB.
+pub const DEFAULT_REPLAY_CACHE_MIB: u64 = 8;
+/// How long one statement may take before the call answers UNAVAILABLE.
+pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Args)]
+pub struct DatabaseArgs {
+    /// PostgreSQL connection URL, e.g. postgres://user@host:5432/db. Without
+    /// it, a private PostgreSQL is started in --data-dir (local development
+    /// only).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// Where the private PostgreSQL keeps its data when no --database-url is
+    /// given [default: ~/.local/share/idempotency-coordinator, or
+    /// /var/lib/idempotency-coordinator for root].
+    #[arg(long, env = "IDEMPOTENCY_DATA_DIR", conflicts_with = "database_url")]
+    pub data_dir: Option<PathBuf>,
+}
+
+/// The pool of database connections.
+#[derive(Debug, Clone, Args)]
+pub struct PoolArgs {
+    /// Database connections kept open at most by this replica.
+    #[arg(long, env = "IDEMPOTENCY_POOL_SIZE", default_value_t = DEFAULT_POOL_SIZE)]
+    pub pool_size: usize,
+
+    /// How long a call waits for a database connection before it answers
+    /// UNAVAILABLE (never longer than the call's own deadline).
+    #[arg(long, env = "IDEMPOTENCY_CONNECT_WAIT", default_value_t = hd(DEFAULT_CONNECT_WAIT))]
+    pub connect_wait: humantime::Duration,
+}
+
+/// How statements reach the database: shared connections and batches, the
+/// replay cache, the statement time limit, and migrations at start.
+#[derive(Debug, Clone, Args)]
+pub struct StatementArgs {
+    /// Connections shared by all calls, their statements pipelined on them;
+    /// also how many Acquire batches (and Complete batches) run at once
+    /// (0: every call takes a pooled connection of its own, no batches).
+    #[arg(long, env = "IDEMPOTENCY_SHARED_CONNECTIONS", default_value_t = DEFAULT_SHARED_CONNECTIONS)]
+    pub shared_connections: usize,
+
+    /// Acquires (or Completes) that arrive while every batch worker is busy
+    /// share one statement and one commit, up to this many (1: each runs
+    /// alone). Needs --shared-connections above 0; a batch never waits for
+    /// company.
+    #[arg(long, env = "IDEMPOTENCY_BATCH_SIZE", default_value_t = DEFAULT_BATCH_SIZE,
+          value_parser = TypedValueParser::map(clap::value_parser!(u16).range(1..=1000), usize::from))]
+    pub batch_size: usize,
+
+    /// Memory, in MiB, for SUCCEEDED records that repeated Acquires are
+    /// answered from without the database, until 5 s before they expire by
+    /// the database's clock and for at most a minute per read; 0: every
+    /// Acquire asks the database.
+    #[arg(long, env = "IDEMPOTENCY_REPLAY_CACHE_MIB", default_value_t = DEFAULT_REPLAY_CACHE_MIB,
+          value_parser = clap::value_parser!(u64).range(0..=65536))]
+    pub replay_cache_mib: u64,
+
+    /// How long one database statement may take before the call answers
+    /// UNAVAILABLE (the shared connections also set nine tenths of it as
+    /// PostgreSQL's statement_timeout, so an overlong statement rolls back).
+    #[arg(long, env = "IDEMPOTENCY_QUERY_TIMEOUT", default_value_t = hd(DEFAULT_QUERY_TIMEOUT))]
+    pub query_timeout: humantime::Duration,
+
+    /// Do not apply pending migrations at start (run `migrate` separately).
+    #[arg(long, env = "IDEMPOTENCY_SKIP_MIGRATIONS")]
+    pub skip_migrations: bool,
+}
+
+impl StoreConfig {
+    /// The defaults, for `database_url`.
+    pub fn new(database_url: impl Into<String>) -> Self {
+        StoreConfig {
+            database_url: database_url.into(),
+            pool_size: DEFAULT_POOL_SIZE,
+            connect_wait: DEFAULT_CONNECT_WAIT,
+            query_timeout: DEFAULT_QUERY_TIMEOUT,
+            shared_connections: DEFAULT_SHARED_CONNECTIONS,
+            batch_size: DEFAULT_BATCH_SIZE,
+            replay_cache_bytes: DEFAULT_REPLAY_CACHE_MIB << 20,
+        }
+    }
+
+    /// One pooled connection that waits up to 10 s, and nothing for calls:
+    /// what `migrate` needs.
+    pub fn for_migrations(database_url: impl Into<String>) -> Self {
+        StoreConfig {
+            pool_size: 1,
+            connect_wait: Duration::from_secs(10),
+            shared_connections: 0,
+            batch_size: 1,
+            replay_cache_bytes: 0,
+            ..StoreConfig::new(database_url)
+        }
+    }
+}
+
+impl StatementArgs {
+    /// The store's configuration for `database_url`, with `pool`.
+    pub(super) fn store(&self, database_url: Option<String>, pool: &PoolArgs) -> StoreConfig {
+        StoreConfig {
+            database_url: database_url.unwrap_or_default(),
+            pool_size: pool.pool_size,
+            connect_wait: pool.connect_wait.into(),
+            query_timeout: self.query_timeout.into(),
+            shared_connections: self.shared_connections,
+            batch_size: self.batch_size,
+            replay_cache_bytes: self.replay_cache_mib << 20,
+        }
+    }
+}

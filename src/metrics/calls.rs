@@ -1,0 +1,335 @@
+//! Calls: every call's status and duration by method, Acquire's decisions
+//! (by scope too, when asked), lease takeovers, and refused calls on a lease
+//! or record.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+use tonic::Code;
+
+use super::{HistogramFamily, METRICS};
+use crate::domain::Decision;
+
+/// The services and methods this server answers: the only values the
+/// `service` and `method` labels take, besides `unknown`.
+const SERVICES: &[(&str, &[&str])] = &[
+    (
+        "idempotency.v1.Coordinator",
+        &[
+            "Acquire",
+            "Complete",
+            "ExtendLease",
+            "Get",
+            "Watch",
+            "WatchDue",
+            "Sweep",
+        ],
+    ),
+    ("grpc.health.v1.Health", &["Check", "Watch"]),
+    (
+        "grpc.reflection.v1.ServerReflection",
+        &["ServerReflectionInfo"],
+    ),
+    (
+        "grpc.reflection.v1alpha.ServerReflection",
+        &["ServerReflectionInfo"],
+    ),
+];
+
+/// The label value of anything not in a fixed table.
+const UNKNOWN: &str = "unknown";
+
+/// Call latency buckets, in seconds: sub-millisecond answers up to the
+/// longest wait window (`--max-wait`, 1 min by default).
+const LATENCY_BUCKETS: [f64; 16] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+
+/// The reasons a call on a lease or record is refused (`ErrorInfo.reason`).
+const REFUSALS: [&str; 4] = [
+    "RECORD_NOT_FOUND",
+    "LEASE_LOST",
+    "LEASE_EXPIRED",
+    "ALREADY_COMPLETED",
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodLabels {
+    service: &'static str,
+    method: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RpcLabels {
+    service: &'static str,
+    method: &'static str,
+    code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabels {
+    decision: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ScopeDecisionLabels {
+    decision: &'static str,
+    scope: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS)
+}
+
+/// The calls' metrics.
+pub(super) struct Calls {
+    rpcs: Family<RpcLabels, Counter>,
+    rpc_duration: HistogramFamily<MethodLabels>,
+    decisions: Family<DecisionLabels, Counter>,
+    decisions_by_scope: Family<ScopeDecisionLabels, Counter>,
+    takeovers: Counter,
+    refusals: Family<ReasonLabels, Counter>,
+}
+
+impl Calls {
+    /// The calls' metrics, registered in `r`, their bounded series at zero.
+    pub(super) fn new(r: &mut Registry) -> Self {
+        let m = Calls {
+            rpcs: Family::default(),
+            rpc_duration: Family::new_with_constructor(latency_histogram),
+            decisions: Family::default(),
+            decisions_by_scope: Family::default(),
+            takeovers: Counter::default(),
+            refusals: Family::default(),
+        };
+        r.register(
+            "rpcs",
+            "Calls answered, by service, method and gRPC status code (calls refused at admission included; a call whose client went away is CANCELLED)",
+            m.rpcs.clone(),
+        );
+        r.register_with_unit(
+            "rpc_duration",
+            "Time from a call's admission to its final status (for streams: the stream's life), by service and method",
+            Unit::Seconds,
+            m.rpc_duration.clone(),
+        );
+        r.register(
+            "acquire_decisions",
+            "Acquire answers, by decision",
+            m.decisions.clone(),
+        );
+        r.register(
+            "acquire_decisions_by_scope",
+            "Acquire answers, by decision and scope (only with --metrics-scope-labels)",
+            m.decisions_by_scope.clone(),
+        );
+        r.register(
+            "lease_takeovers",
+            "Acquires that took over a key whose previous lease ran out before it completed (PROCEED, attempt above 1, no failure reported since)",
+            m.takeovers.clone(),
+        );
+        r.register(
+            "refusals",
+            "Calls on a lease or record refused, by reason (LEASE_LOST, LEASE_EXPIRED, ALREADY_COMPLETED, RECORD_NOT_FOUND)",
+            m.refusals.clone(),
+        );
+        for decision in Decision::ALL {
+            let _ = m.decisions.get_or_create(&DecisionLabels {
+                decision: decision.name(),
+            });
+        }
+        for reason in REFUSALS {
+            let _ = m.refusals.get_or_create(&ReasonLabels { reason });
+        }
+        m
+    }
+}
+
+/// Whether Acquire decisions are also counted by scope.
+static SCOPE_LABELS: AtomicBool = AtomicBool::new(false);
+
+/// Counts Acquire decisions by scope as well (`--metrics-scope-labels`).
+/// Scopes are chosen by callers: every scope seen becomes a series.
+pub fn set_scope_labels(on: bool) {
+    SCOPE_LABELS.store(on, Ordering::Relaxed);
+}
+
+/// The canonical name of a gRPC status code.
+fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// The service and method a call's path names, from the fixed table.
+fn method_of(path: &str) -> MethodLabels {
+    let unknown = MethodLabels {
+        service: UNKNOWN,
+        method: UNKNOWN,
+    };
+    let Some((service, method)) = path.strip_prefix('/').and_then(|p| p.split_once('/')) else {
+        return unknown;
+    };
+    let Some((service, methods)) = SERVICES.iter().find(|(name, _)| *name == service) else {
+        return unknown;
+    };
+    MethodLabels {
+        service,
+        method: methods
+            .iter()
+            .find(|name| **name == method)
+            .copied()
+            .unwrap_or(UNKNOWN),
+    }
+}
+
+/// One call, from its admission until its final status is known. Dropped
+/// without [`Rpc::finish`] (the client went away, or the answer was dropped
+/// before its status was sent), it counts as CANCELLED.
+#[derive(Debug)]
+pub struct Rpc {
+    method: MethodLabels,
+    started: Instant,
+    finished: bool,
+}
+
+impl Rpc {
+    /// A call to `path` (`/package.Service/Method`) starts now.
+    pub fn start(path: &str) -> Self {
+        Rpc {
+            method: method_of(path),
+            started: Instant::now(),
+            finished: false,
+        }
+    }
+
+    /// The call's final status is `code`.
+    pub fn finish(mut self, code: Code) {
+        self.record(code);
+    }
+
+    fn record(&mut self, code: Code) {
+        self.finished = true;
+        let m = &METRICS.calls;
+        m.rpcs
+            .get_or_create(&RpcLabels {
+                service: self.method.service,
+                method: self.method.method,
+                code: code_name(code),
+            })
+            .inc();
+        m.rpc_duration
+            .get_or_create(&self.method)
+            .observe(self.started.elapsed().as_secs_f64());
+    }
+}
+
+impl Drop for Rpc {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.record(Code::Cancelled);
+        }
+    }
+}
+
+/// An Acquire answered `decision` (its name in the contract,
+/// [`Decision::name`], e.g. `PROCEED`) for `scope`; `takeover` when it took
+/// over a lease that ran out.
+pub fn acquired(decision: &'static str, scope: &str, takeover: bool) {
+    let m = &METRICS.calls;
+    m.decisions
+        .get_or_create(&DecisionLabels { decision })
+        .inc();
+    if SCOPE_LABELS.load(Ordering::Relaxed) {
+        m.decisions_by_scope
+            .get_or_create(&ScopeDecisionLabels {
+                decision,
+                scope: scope.to_owned(),
+            })
+            .inc();
+    }
+    if takeover {
+        m.takeovers.inc();
+    }
+}
+
+/// A call on a lease or record was refused for `reason` (the status's
+/// ErrorInfo reason, e.g. `LEASE_LOST`).
+pub fn refused(reason: &'static str) {
+    METRICS
+        .calls
+        .refusals
+        .get_or_create(&ReasonLabels { reason })
+        .inc();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_map_to_known_methods_or_unknown() {
+        let m = method_of("/idempotency.v1.Coordinator/Acquire");
+        assert_eq!(
+            (m.service, m.method),
+            ("idempotency.v1.Coordinator", "Acquire")
+        );
+        let m = method_of("/grpc.health.v1.Health/Check");
+        assert_eq!((m.service, m.method), ("grpc.health.v1.Health", "Check"));
+        let m = method_of("/idempotency.v1.Coordinator/DropTables");
+        assert_eq!(
+            (m.service, m.method),
+            ("idempotency.v1.Coordinator", UNKNOWN)
+        );
+        for path in [
+            "/",
+            "",
+            "/x",
+            "/a.b.C/Acquire",
+            "idempotency.v1.Coordinator/Acquire",
+        ] {
+            let m = method_of(path);
+            assert_eq!((m.service, m.method), (UNKNOWN, UNKNOWN), "{path:?}");
+        }
+    }
+
+    #[test]
+    fn every_code_has_its_canonical_name() {
+        for (number, name) in [
+            (0, "OK"),
+            (3, "INVALID_ARGUMENT"),
+            (8, "RESOURCE_EXHAUSTED"),
+            (14, "UNAVAILABLE"),
+            (16, "UNAUTHENTICATED"),
+        ] {
+            assert_eq!(code_name(Code::from(number)), name);
+        }
+    }
+}

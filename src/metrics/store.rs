@@ -1,0 +1,200 @@
+//! The store: calls that failed on the database, the batch workers'
+//! statements and queue, and the replay cache.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+
+use super::snapshot::{Snapshot, count};
+use super::{HistogramFamily, METRICS};
+
+/// Calls per batch statement: 1 up to the largest `--batch-size` (1000).
+const BATCH_BUCKETS: [f64; 11] = [
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1000.0,
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+fn batch_histogram() -> Histogram {
+    Histogram::new(BATCH_BUCKETS)
+}
+
+/// The store's metrics.
+pub(super) struct Store {
+    database_errors: Family<KindLabels, Counter>,
+    batch_size: HistogramFamily<KindLabels>,
+    group_commits: Family<KindLabels, Counter>,
+    batch_queued: Gauge,
+    replay_lookups: Family<ResultLabels, Counter>,
+    replay_bytes: Gauge,
+}
+
+impl Store {
+    /// The store's metrics, registered in `r`, their bounded series at zero.
+    pub(super) fn new(r: &mut Registry) -> Self {
+        let m = Store {
+            database_errors: Family::default(),
+            batch_size: Family::new_with_constructor(batch_histogram),
+            group_commits: Family::default(),
+            batch_queued: Gauge::default(),
+            replay_lookups: Family::default(),
+            replay_bytes: Gauge::default(),
+        };
+        r.register(
+            "database_errors",
+            "Calls that failed on the database, by kind (unavailable, timeout, pool_timeout, query, corrupt, config)",
+            m.database_errors.clone(),
+        );
+        r.register(
+            "batch_size",
+            "Calls carried by one statement of the batch workers, by kind (acquire, complete)",
+            m.batch_size.clone(),
+        );
+        r.register(
+            "group_commits",
+            "Batch statements that carried two or more calls in one commit, by kind",
+            m.group_commits.clone(),
+        );
+        r.register(
+            "batch_queued_calls",
+            "Acquires and Completes waiting for a batch worker",
+            m.batch_queued.clone(),
+        );
+        r.register(
+            "replay_cache_lookups",
+            "Acquires looked up in the replay cache, by result (hit: answered from memory)",
+            m.replay_lookups.clone(),
+        );
+        r.register_with_unit(
+            "replay_cache",
+            "Memory the replay cache holds",
+            Unit::Bytes,
+            m.replay_bytes.clone(),
+        );
+        m.zero();
+        m
+    }
+
+    fn zero(&self) {
+        for kind in DatabaseError::ALL {
+            let _ = self
+                .database_errors
+                .get_or_create(&KindLabels { kind: kind.label() });
+        }
+        for kind in [BatchKind::Acquire, BatchKind::Complete] {
+            let labels = KindLabels { kind: kind.label() };
+            let _ = self.batch_size.get_or_create(&labels);
+            let _ = self.group_commits.get_or_create(&labels);
+        }
+        for result in ["hit", "miss"] {
+            let _ = self.replay_lookups.get_or_create(&ResultLabels { result });
+        }
+    }
+
+    /// The batch queue and the replay cache as `snapshot` has them.
+    pub(super) fn apply(&self, snapshot: &Snapshot) {
+        self.batch_queued.set(count(snapshot.queued_calls));
+        self.replay_bytes
+            .set(i64::try_from(snapshot.replay_cache_bytes).unwrap_or(i64::MAX));
+    }
+}
+
+/// Why a call failed on the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DatabaseError {
+    /// Connections refused or lost, the server shutting down or out of
+    /// resources, a deadlock.
+    Unavailable,
+    /// A statement that did not answer within `--query-timeout`.
+    Timeout,
+    /// No pooled connection (or batch worker) was free within the wait.
+    PoolTimeout,
+    /// An error retrying will not fix (a bug or a broken schema).
+    Query,
+    /// A row that does not match what the SQL functions promise.
+    Corrupt,
+    /// The database URL or pool settings cannot be used.
+    Config,
+}
+
+impl DatabaseError {
+    const ALL: [DatabaseError; 6] = [
+        DatabaseError::Unavailable,
+        DatabaseError::Timeout,
+        DatabaseError::PoolTimeout,
+        DatabaseError::Query,
+        DatabaseError::Corrupt,
+        DatabaseError::Config,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            DatabaseError::Unavailable => "unavailable",
+            DatabaseError::Timeout => "timeout",
+            DatabaseError::PoolTimeout => "pool_timeout",
+            DatabaseError::Query => "query",
+            DatabaseError::Corrupt => "corrupt",
+            DatabaseError::Config => "config",
+        }
+    }
+}
+
+/// A call failed on the database.
+pub fn database_error(kind: DatabaseError) {
+    METRICS
+        .store
+        .database_errors
+        .get_or_create(&KindLabels { kind: kind.label() })
+        .inc();
+}
+
+/// Which hot call a batch carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchKind {
+    Acquire,
+    Complete,
+}
+
+impl BatchKind {
+    fn label(self) -> &'static str {
+        match self {
+            BatchKind::Acquire => "acquire",
+            BatchKind::Complete => "complete",
+        }
+    }
+}
+
+/// A batch worker sends one statement carrying `calls` calls (0: none was
+/// left to run, and nothing is counted).
+pub fn batch_ran(kind: BatchKind, calls: usize) {
+    if calls == 0 {
+        return;
+    }
+    let m = &METRICS.store;
+    let labels = KindLabels { kind: kind.label() };
+    m.batch_size.get_or_create(&labels).observe(calls as f64);
+    if calls > 1 {
+        m.group_commits.get_or_create(&labels).inc();
+    }
+}
+
+/// An Acquire was looked up in the replay cache.
+pub fn replay_lookup(hit: bool) {
+    let result = if hit { "hit" } else { "miss" };
+    METRICS
+        .store
+        .replay_lookups
+        .get_or_create(&ResultLabels { result })
+        .inc();
+}
