@@ -48,12 +48,16 @@
 //!
 //! A key that was called but has no final read cannot be checked and is
 //! reported as such. The module is pure: it parses and checks, it does no
-//! I/O.
+//! I/O. Decisions are the domain's ([`Decision`]), written by their names in
+//! the contract.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+
+// The decision of an OK Acquire is the domain's, written by its name.
+pub use crate::domain::Decision;
 
 /// Microseconds since the Unix epoch.
 pub type Micros = i64;
@@ -117,8 +121,12 @@ pub struct Call {
     /// A Complete: what was sent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sent: Option<Sent>,
-    /// An OK Acquire: the decision.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// An OK Acquire: the decision, by its name in the contract.
+    #[serde(
+        default,
+        with = "decision_name",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub decision: Option<Decision>,
     /// An OK PROCEED: the lease.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -179,17 +187,6 @@ pub enum Outcome {
     Success,
     Failure,
     Release,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum Decision {
-    Proceed,
-    AlreadyDone,
-    InProgress,
-    RetryLater,
-    Conflict,
-    Exhausted,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -269,6 +266,31 @@ mod hex_bytes {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
         Option::<String>::deserialize(d)?
             .map(|text| hex::decode(text).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
+/// A decision by its name ([`Decision::name`]: `PROCEED`, `ALREADY_DONE`,
+/// …), as the contract spells it.
+mod decision_name {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::Decision;
+    use crate::store::names;
+
+    pub fn serialize<S: Serializer>(decision: &Option<Decision>, s: S) -> Result<S::Ok, S::Error> {
+        match decision {
+            Some(d) => s.serialize_str(d.name()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Decision>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|name| {
+                names::decision(&name)
+                    .ok_or_else(|| serde::de::Error::custom(format!("unknown decision {name:?}")))
+            })
             .transpose()
     }
 }
@@ -852,6 +874,26 @@ mod tests {
         assert_eq!(parse(&text).unwrap(), entries);
         let err = parse("\n{\"type\":\"call\"}\n").unwrap_err();
         assert_eq!(err.line, 2);
+    }
+
+    #[test]
+    fn decisions_are_written_by_their_names_in_the_contract() {
+        let line = r#"{"type":"call","kind":"acquire","scope":"s","key":"k","start_us":1,"end_us":2,"code":"OK","decision":"ALREADY_DONE"}"#;
+        let entries = parse(line).unwrap();
+        let Entry::Call(call) = &entries[0] else {
+            panic!("{entries:?}")
+        };
+        assert_eq!(call.decision, Some(Decision::AlreadyDone));
+        assert_eq!(to_line(&entries[0]), line);
+        for decision in Decision::ALL {
+            let mut call = call.clone();
+            call.decision = Some(decision);
+            let line = to_line(&Entry::Call(call.clone()));
+            assert!(line.contains(&format!(r#""decision":"{}""#, decision.name())));
+            assert_eq!(parse(&line).unwrap(), vec![Entry::Call(call)]);
+        }
+        let err = parse(&line.replace("ALREADY_DONE", "DONE")).unwrap_err();
+        assert!(err.to_string().contains("unknown decision"), "{err}");
     }
 
     #[test]

@@ -81,7 +81,7 @@
 //!   them to the coordinator's promises (results kept, one result per
 //!   record, fencing tokens growing, one live lease per key, every PROCEED
 //!   accounted for); used by the fault tests and the benchmark. Pure: uses
-//!   nothing of ours.
+//!   `domain`'s decisions, by the names `store::names` reads.
 //! - [`metrics`]: Prometheus metrics in one process-wide registry, and the
 //!   plain HTTP listener that serves them (`--metrics-listen`). A leaf that
 //!   uses nothing of ours, so that every layer may count what it sees.
