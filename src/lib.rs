@@ -77,11 +77,6 @@
 //!   span exporter) and each Coordinator call's span (method, tenant, scope,
 //!   hashed key, decision or error reason, duration; the caller's W3C trace
 //!   context as its parent), which `transport` opens and `service` fills.
-//! - [`history`]: histories of calls (JSON lines) and the checker that holds
-//!   them to the coordinator's promises (results kept, one result per
-//!   record, fencing tokens growing, one live lease per key, every PROCEED
-//!   accounted for); used by the fault tests and the benchmark. Pure: uses
-//!   `domain`'s decisions, by the names `store::names` reads.
 //! - [`metrics`]: Prometheus metrics in one process-wide registry, and the
 //!   plain HTTP listener that serves them (`--metrics-listen`). A leaf that
 //!   uses nothing of ours, so that every layer may count what it sees.
@@ -105,7 +100,6 @@ pub mod domain;
 pub mod embedded;
 pub mod error;
 pub mod health;
-pub mod history;
 pub mod http;
 pub mod metrics;
 pub mod notify;

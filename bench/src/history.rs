@@ -57,7 +57,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 // The decision of an OK Acquire is the domain's, written by its name.
-pub use crate::domain::Decision;
+pub use idempotency_coordinator::domain::Decision;
 
 /// Microseconds since the Unix epoch.
 pub type Micros = i64;
@@ -276,7 +276,7 @@ mod decision_name {
     use serde::{Deserialize, Deserializer, Serializer};
 
     use super::Decision;
-    use crate::store::names;
+    use idempotency_coordinator::store::names;
 
     pub fn serialize<S: Serializer>(decision: &Option<Decision>, s: S) -> Result<S::Ok, S::Error> {
         match decision {

@@ -3,13 +3,13 @@
 
 use std::time::{Duration, Instant};
 
-use idempotency_coordinator::history::Entry;
+use idempotency_bench::history::Entry;
+use idempotency_bench::recorder::now_us;
 use idempotency_coordinator::proto;
 
 use crate::client::Recording;
 use crate::harness::*;
 use crate::proxy::Mode;
-use crate::recorder::now_us;
 use crate::scenarios::{Fault, run};
 
 /// Readiness samples that said SERVING while calls had been failing for
@@ -546,7 +546,7 @@ async fn regression_a_call_past_its_deadline_never_commits_later() {
     let mut entries = history.lock().unwrap().clone();
     final_reads(&env.cluster, &mut entries).await;
     problems.extend(
-        idempotency_coordinator::history::check(&entries)
+        idempotency_bench::history::check(&entries)
             .iter()
             .map(ToString::to_string),
     );

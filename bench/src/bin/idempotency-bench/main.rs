@@ -48,8 +48,8 @@
 //! Acquire with a request_id) to FILE as JSON lines;
 //! `idempotency-bench check-history FILE` then reads each key it names from
 //! the database (`--database-url`, or the private PostgreSQL of
-//! `--data-dir`) and checks the history with the coordinator's history
-//! checker, exiting 1 on any violation. Without the flag the scenarios'
+//! `--data-dir`) and checks the history with the history checker
+//! ([`idempotency_bench::history`]), exiting 1 on any violation. Without the flag the scenarios'
 //! loops record nothing.
 
 mod baseline;
@@ -60,7 +60,6 @@ mod http_cycle;
 mod idle;
 mod limit;
 mod load;
-mod recorder;
 mod report;
 mod sweep;
 mod waiters;
