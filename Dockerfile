@@ -13,15 +13,15 @@ WORKDIR /src
 
 # Dependencies first, in a layer of their own that stays cached while only
 # the coordinator's code changes: build them against stand-in sources.
-# The workspace's other member, the Rust client, is not built here, but
-# cargo reads its manifest: it gets a stand-in library too.
+# The workspace's other members, the Rust client and the benchmark, are not
+# built here, but cargo reads their manifests: each gets a stand-in library.
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY clients/rust/Cargo.toml clients/rust/Cargo.toml
+COPY bench/Cargo.toml bench/Cargo.toml
 COPY proto proto
-RUN mkdir -p src/bin/idempotency-bench clients/rust/src \
+RUN mkdir -p src clients/rust/src bench/src \
  && echo 'fn main() {}' > src/main.rs \
- && echo 'fn main() {}' > src/bin/idempotency-bench/main.rs \
- && touch src/lib.rs clients/rust/src/lib.rs \
+ && touch src/lib.rs clients/rust/src/lib.rs bench/src/lib.rs \
  && cargo build --release --locked --bin idempotency-coordinator \
  && rm -rf src
 

@@ -87,11 +87,6 @@
 //!   span exporter) and each Coordinator call's span (method, tenant, scope,
 //!   hashed key, decision or error reason, duration; the caller's W3C trace
 //!   context as its parent), which `transport` opens and `service` fills.
-//! - [`history`]: histories of calls (JSON lines) and the checker that holds
-//!   them to the coordinator's promises (results kept, one result per
-//!   record, fencing tokens growing, one live lease per key, every PROCEED
-//!   accounted for); used by the fault tests and the benchmark. Pure: uses
-//!   nothing of ours.
 //! - [`metrics`]: Prometheus metrics in one process-wide registry, a file
 //!   per area, each with its metrics' definitions and the functions that
 //!   record them (`metrics::calls`, `metrics::edge`, `metrics::store`,
@@ -120,7 +115,6 @@ pub mod domain;
 pub mod embedded;
 pub mod error;
 pub mod health;
-pub mod history;
 pub mod http;
 pub mod metrics;
 pub mod notify;

@@ -35,6 +35,10 @@ pub struct Launch<'a> {
     /// shell does with a foreground job), so that the group can be
     /// signalled as a terminal signals it.
     pub process_group: bool,
+    /// The server binary to run [default: the one cargo built for the
+    /// server package's own tests]. Cargo builds no binaries of another
+    /// package, so a suite of another workspace member names one.
+    pub binary: Option<&'a std::path::Path>,
 }
 
 impl ServerProcess {
@@ -47,8 +51,8 @@ impl ServerProcess {
     }
 
     pub async fn launch(database_url: &str, extra: &[&str], launch: Launch<'_>) -> Self {
-        let mut command =
-            tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"));
+        let binary = launch.binary.unwrap_or_else(built_for_these_tests);
+        let mut command = tokio::process::Command::new(binary);
         command
             .args(["--log-format", "json", "serve", "--listen", "127.0.0.1:0"])
             .args(extra)
@@ -196,6 +200,15 @@ impl ServerProcess {
             .await
             .expect("the server did not exit within 30 s of SIGTERM")
             .expect("wait for the server")
+    }
+}
+
+/// The server binary cargo built for the server package's own tests; a
+/// suite of another package has none (it passes [`Launch::binary`]).
+fn built_for_these_tests<'a>() -> &'a std::path::Path {
+    match option_env!("CARGO_BIN_EXE_idempotency-coordinator") {
+        Some(path) => std::path::Path::new(path),
+        None => panic!("no server binary built for these tests: pass Launch::binary"),
     }
 }
 

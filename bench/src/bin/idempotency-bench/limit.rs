@@ -10,8 +10,8 @@ use tokio_postgres::NoTls;
 use crate::Args;
 use crate::cost::Meter;
 
-const LIMIT_SQL: &str = include_str!("../../../bench/limit/limit.sql");
-const CYCLE_PGBENCH: &str = include_str!("../../../bench/limit/cycle.pgbench");
+const LIMIT_SQL: &str = include_str!("../../../limit/limit.sql");
+const CYCLE_PGBENCH: &str = include_str!("../../../limit/cycle.pgbench");
 
 /// Creates the limit's database if it is missing and loads `limit.sql` into
 /// it (a fresh `limit_keys` table).

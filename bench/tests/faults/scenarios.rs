@@ -4,9 +4,10 @@
 
 use std::time::Duration;
 
+use idempotency_bench::recorder::now_us;
+
 use crate::harness::*;
 use crate::proxy::Mode;
-use crate::recorder::now_us;
 
 /// Faults of the database or the network under one coordinator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +36,7 @@ const DEAD_CONNECTIONS_RECOVERY: Duration = Duration::from_secs(20);
 pub struct Run {
     pub report: Report,
     pub samples: Vec<Sample>,
-    pub history: Vec<idempotency_coordinator::history::Entry>,
+    pub history: Vec<idempotency_bench::history::Entry>,
     pub fault_at: i64,
     /// When calls (or, for the other faults, the network or database)
     /// came back.
@@ -211,7 +212,7 @@ async fn a_replica_killed_while_another_keeps_serving() {
     let served_after = history
         .iter()
         .filter(|e| {
-            matches!(e, idempotency_coordinator::history::Entry::Call(c)
+            matches!(e, idempotency_bench::history::Entry::Call(c)
                 if c.ok() && c.start_us > fault_at && c.server == b.to_string())
         })
         .count();

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use idempotency_bench::recorder::{self, Timing};
 use idempotency_coordinator::proto::coordinator_client::CoordinatorClient;
 use idempotency_coordinator::proto::{
     AcquireRequest, CompleteRequest, Success, complete_request::Outcome,
@@ -12,7 +13,6 @@ use tonic::transport::Channel;
 
 use crate::baseline::Sql;
 use crate::history::HistoryFile;
-use crate::recorder::{self, Timing};
 
 pub(crate) type Client = CoordinatorClient<Channel>;
 

@@ -8,15 +8,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idempotency_coordinator::history::{self, Call, CallKind, Entry};
+use idempotency_bench::history::{self, Call, CallKind, Entry};
+use idempotency_bench::recorder::{self, now_us};
 use idempotency_coordinator::proto::{self, complete_request::Outcome};
 use tonic_health::pb::health_check_response::ServingStatus;
 
+use crate::binary;
 use crate::client::{Health, Recording};
 use crate::cluster::Cluster;
-use crate::process::ServerProcess;
+use crate::process::{Launch, ServerProcess};
 use crate::proxy::Proxy;
-use crate::recorder::{self, now_us};
 
 /// The readiness service name.
 pub const READINESS: &str = "idempotency.v1.Coordinator";
@@ -59,7 +60,13 @@ impl Env {
         let mut servers = Vec::new();
         for _ in 0..replicas {
             let flags = with_health_interval(flags);
-            servers.push(Some(ServerProcess::start_with(&proxy.url(), &flags).await));
+            let launch = Launch {
+                binary: Some(binary::path()),
+                ..Launch::default()
+            };
+            servers.push(Some(
+                ServerProcess::launch(&proxy.url(), &flags, launch).await,
+            ));
         }
         Env {
             servers,

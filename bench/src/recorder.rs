@@ -1,22 +1,21 @@
-//! Calls and their answers as history entries ([`idempotency_coordinator::history`]),
-//! and the final read of a key straight from the database. Shared with the
-//! fault tests (`tests/faults`), which include this file.
-#![allow(dead_code)]
+//! Calls and their answers as history entries ([`crate::history`]), and the
+//! final read of a key straight from the database: how the benchmark and
+//! the fault suite (`tests/faults`) write what their clients saw.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idempotency_coordinator::history::{self, Call, CallKind, Entry, FinalRead, Micros};
+use crate::history::{self, Call, CallKind, Entry, FinalRead, Micros};
 use idempotency_coordinator::proto;
 
 /// The wall clock, in microseconds since the Unix epoch.
-pub(crate) fn now_us() -> Micros {
+pub fn now_us() -> Micros {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as Micros)
 }
 
 /// A status code by its canonical name.
-pub(crate) fn code_name(code: tonic::Code) -> &'static str {
+pub fn code_name(code: tonic::Code) -> &'static str {
     use tonic::Code::*;
     match code {
         Ok => "OK",
@@ -40,7 +39,7 @@ pub(crate) fn code_name(code: tonic::Code) -> &'static str {
 }
 
 /// The code a call that never answered is recorded with.
-pub(crate) const NO_ANSWER: &str = "NO_ANSWER";
+pub const NO_ANSWER: &str = "NO_ANSWER";
 
 fn micros(ts: Option<&prost_types::Timestamp>) -> Option<Micros> {
     ts.map(|t| t.seconds * 1_000_000 + Micros::from(t.nanos) / 1000)
@@ -69,7 +68,7 @@ fn decision(d: i32) -> Option<history::Decision> {
 }
 
 /// A record as an answer carried it.
-pub(crate) fn record(r: &proto::Record) -> history::Record {
+pub fn record(r: &proto::Record) -> history::Record {
     history::Record {
         status: status(r.status),
         fencing_token: r.fencing_token,
@@ -84,17 +83,17 @@ pub(crate) fn record(r: &proto::Record) -> history::Record {
 
 /// How a call ended: an answer, a status, or nothing before the client
 /// gave up.
-pub(crate) type Answer<'a, T> = Option<Result<&'a T, &'a tonic::Status>>;
+pub type Answer<'a, T> = Option<Result<&'a T, &'a tonic::Status>>;
 
 /// When a call ran and with what deadline.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Timing {
+pub struct Timing {
     /// When the client sent the call (wall clock).
-    pub(crate) start_us: Micros,
+    pub start_us: Micros,
     /// When the client had the answer, or gave up on it (wall clock).
-    pub(crate) end_us: Micros,
+    pub end_us: Micros,
     /// The deadline the call was sent with; `None`: none.
-    pub(crate) deadline: Option<Duration>,
+    pub deadline: Option<Duration>,
 }
 
 fn base<T>(kind: CallKind, scope: &str, key: &str, t: Timing, answer: &Answer<'_, T>) -> Call {
@@ -133,7 +132,7 @@ fn base<T>(kind: CallKind, scope: &str, key: &str, t: Timing, answer: &Answer<'_
     call
 }
 
-pub(crate) fn acquire(
+pub fn acquire(
     req: &proto::AcquireRequest,
     t: Timing,
     answer: Answer<'_, proto::AcquireResponse>,
@@ -157,7 +156,7 @@ pub(crate) fn acquire(
     call
 }
 
-pub(crate) fn complete(
+pub fn complete(
     req: &proto::CompleteRequest,
     t: Timing,
     answer: Answer<'_, proto::CompleteResponse>,
@@ -180,11 +179,7 @@ pub(crate) fn complete(
     call
 }
 
-pub(crate) fn get(
-    req: &proto::GetRequest,
-    t: Timing,
-    answer: Answer<'_, proto::GetResponse>,
-) -> Call {
+pub fn get(req: &proto::GetRequest, t: Timing, answer: Answer<'_, proto::GetResponse>) -> Call {
     let mut call = base(CallKind::Get, &req.scope, &req.key, t, &answer);
     if let Some(Ok(resp)) = answer {
         call.record = resp.record.as_ref().map(record);
@@ -199,7 +194,7 @@ fn micros_of(t: chrono::DateTime<chrono::Utc>) -> Micros {
 /// (scope, key) of `tenant` as the database holds it now, read through
 /// `idempotency_get` (so an expired record reads as none), with the
 /// database's clock.
-pub(crate) async fn final_read(
+pub async fn final_read(
     db: &tokio_postgres::Client,
     tenant: &str,
     scope: &str,

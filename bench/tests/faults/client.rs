@@ -13,13 +13,12 @@ use std::time::Duration;
 
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use idempotency_coordinator::history::Entry;
+use idempotency_bench::history::Entry;
+use idempotency_bench::recorder::{self, Timing};
 use idempotency_coordinator::proto;
 use idempotency_coordinator::proto::coordinator_client::CoordinatorClient;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
-
-use crate::recorder::{self, Timing};
 
 /// One HTTP/2 connection, as a tower service tonic's clients can use.
 #[derive(Clone)]
@@ -100,7 +99,7 @@ impl Recording {
         }
     }
 
-    fn record(&self, mut call: idempotency_coordinator::history::Call) {
+    fn record(&self, mut call: idempotency_bench::history::Call) {
         call.server = self.addr.to_string();
         self.history.lock().unwrap().push(Entry::Call(call));
     }

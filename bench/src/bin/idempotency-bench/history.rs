@@ -1,6 +1,6 @@
 //! `--record-history FILE`: every call of the `cycle` and `contend`
 //! scenarios written as a history (JSON lines, the format of
-//! [`idempotency_coordinator::history`]); and `check-history FILE`: the
+//! [`idempotency_bench::history`]); and `check-history FILE`: the
 //! final read of every key it names, from the database, and the checker's
 //! verdict.
 
@@ -9,9 +9,8 @@ use std::io::Write as _;
 use std::path::Path;
 use std::sync::Mutex;
 
-use idempotency_coordinator::history::{self, Call, Entry};
-
-use crate::recorder;
+use idempotency_bench::history::{self, Call, Entry};
+use idempotency_bench::recorder;
 
 /// The tenant of every call when the server runs without credentials.
 const TENANT: &str = "default";

@@ -48,8 +48,8 @@
 //! Acquire with a request_id) to FILE as JSON lines;
 //! `idempotency-bench check-history FILE` then reads each key it names from
 //! the database (`--database-url`, or the private PostgreSQL of
-//! `--data-dir`) and checks the history with the coordinator's history
-//! checker, exiting 1 on any violation. Without the flag the scenarios'
+//! `--data-dir`) and checks the history with the history checker
+//! ([`idempotency_bench::history`]), exiting 1 on any violation. Without the flag the scenarios'
 //! loops record nothing.
 
 mod baseline;
@@ -60,16 +60,16 @@ mod http_cycle;
 mod idle;
 mod limit;
 mod load;
-mod recorder;
 mod report;
 mod sweep;
 mod waiters;
 
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use client::{Driver, connect};
+use client::{Client, Driver, connect};
 
 #[derive(Debug, Parser)]
 #[command(about = "Drives a running idempotency coordinator and reports what it sustains.")]
@@ -197,32 +197,84 @@ fn run_id() -> String {
     format!("{nanos:x}")
 }
 
-#[tokio::main]
-async fn main() {
-    let args = Args::parse();
-    if let Some(Command::CheckHistory { file }) = &args.command {
-        let clean = history::check_history(file, &args.database()).await;
-        std::process::exit(if clean { 0 } else { 1 });
+/// What the scenarios of a run share: the gRPC clients and the drivers over
+/// them, the HTTP door, the history being written, the server's meter.
+struct Setup {
+    clients: Vec<Client>,
+    /// The gRPC clients as drivers.
+    grpc: Vec<Driver>,
+    /// The drivers of the recorded scenarios (`cycle`, `contend`): the gRPC
+    /// ones, writing every call to the history when there is one.
+    recorded: Vec<Driver>,
+    /// Straight against PostgreSQL, with `--baseline-sql`.
+    sql: Option<Vec<Driver>>,
+    /// The HTTP door, when `http-cycle` runs.
+    http: Option<http_cycle::Target>,
+    history: Option<Arc<history::HistoryFile>>,
+    /// The server's database (for its commits and WAL), when named.
+    meter: cost::Meter,
+}
+
+impl Setup {
+    /// Connects to what the scenarios drive, and says what that is.
+    async fn new(args: &Args) -> Setup {
+        // gRPC connections only when a scenario speaks gRPC, so that
+        // `http-cycle` alone needs nothing but the HTTP door.
+        let speaks_grpc = args
+            .scenario
+            .iter()
+            .any(|s| !matches!(s, Scenario::HttpCycle | Scenario::Limit));
+        let clients = if speaks_grpc {
+            connect(&args.target, args.connections).await
+        } else {
+            Vec::new()
+        };
+        let http = args.scenario.contains(&Scenario::HttpCycle).then(|| {
+            http_cycle::Target::parse(&args.http_target).unwrap_or_else(|e| {
+                eprintln!("{e}");
+                std::process::exit(2);
+            })
+        });
+        banner(args, speaks_grpc, http.is_some());
+        let grpc: Vec<Driver> = clients.iter().cloned().map(Driver::Grpc).collect();
+        let history = args
+            .record_history
+            .as_deref()
+            .map(|path| Arc::new(history::HistoryFile::create(path)));
+        let recorded: Vec<Driver> = match &history {
+            Some(h) => clients
+                .iter()
+                .map(|c| Driver::Recorded(c.clone(), Arc::clone(h)))
+                .collect(),
+            None => grpc.clone(),
+        };
+        let sql = if args.baseline_sql {
+            let sql = baseline::sql_drivers(&args.database(), args.clients).await;
+            Some(sql.into_iter().map(Driver::Sql).collect::<Vec<_>>())
+        } else {
+            None
+        };
+        let meter = cost::Meter::new(
+            &args.server_pid,
+            args.database_url.as_deref(),
+            &args.metrics,
+        )
+        .await;
+        Setup {
+            clients,
+            grpc,
+            recorded,
+            sql,
+            http,
+            history,
+            meter,
+        }
     }
+}
+
+/// The run's first lines: what it drives, how hard, from how many cores.
+fn banner(args: &Args, speaks_grpc: bool, http: bool) {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    // gRPC connections only when a scenario speaks gRPC, so that
-    // `http-cycle` alone needs nothing but the HTTP door.
-    let speaks_grpc = args
-        .scenario
-        .iter()
-        .any(|s| !matches!(s, Scenario::HttpCycle | Scenario::Limit));
-    let clients = if speaks_grpc {
-        connect(&args.target, args.connections).await
-    } else {
-        Vec::new()
-    };
-    let http = args.scenario.contains(&Scenario::HttpCycle).then(|| {
-        http_cycle::Target::parse(&args.http_target).unwrap_or_else(|e| {
-            eprintln!("{e}");
-            std::process::exit(2);
-        })
-    });
-    let run = run_id();
     if speaks_grpc {
         println!(
             "target {} · {} clients over {} connections each · {} s per timed scenario · {cores} cores here",
@@ -232,7 +284,7 @@ async fn main() {
             args.seconds,
         );
     }
-    if http.is_some() {
+    if http {
         println!(
             "http target {} · {} HTTP/1.1 connections · {} s per timed scenario · {cores} cores here",
             args.http_target,
@@ -240,99 +292,110 @@ async fn main() {
             args.seconds,
         );
     }
-    let mut all_cycles_succeeded = true;
-    let grpc: Vec<Driver> = clients.iter().cloned().map(Driver::Grpc).collect();
-    let history = args
-        .record_history
-        .as_deref()
-        .map(|path| std::sync::Arc::new(history::HistoryFile::create(path)));
-    // The drivers of the recorded scenarios.
-    let recorded: Vec<Driver> = match &history {
-        Some(h) => clients
-            .iter()
-            .map(|c| Driver::Recorded(c.clone(), std::sync::Arc::clone(h)))
-            .collect(),
-        None => grpc.clone(),
+}
+
+/// What the scenarios of a run leave for those after them.
+struct Carried {
+    /// The throughput of the last `cycle`, which `cycle-beside-waiters` and
+    /// `limit` compare theirs with.
+    plain: Option<f64>,
+    /// The meter of the limit's database, once `limit` has prepared it.
+    limit_meter: Option<cost::Meter>,
+    /// Whether every `http-cycle` cycle so far succeeded.
+    all_cycles_succeeded: bool,
+}
+
+/// Runs one scenario; `run` makes its keys unique.
+async fn step(args: &Args, setup: &Setup, scenario: Scenario, run: &str, carried: &mut Carried) {
+    let sql = setup.sql.as_deref();
+    match scenario {
+        Scenario::Cycle => {
+            carried.plain = Some(load::cycle(args, &setup.recorded, sql, run, &setup.meter).await);
+        }
+        Scenario::Replay | Scenario::Contend => {
+            let contend = scenario == Scenario::Contend;
+            let drivers = if contend {
+                &setup.recorded
+            } else {
+                &setup.grpc
+            };
+            load::replay_or_contend(args, drivers, sql, run, contend, &setup.meter).await;
+        }
+        Scenario::CycleBesideWaiters => {
+            let beside = waiters::cycle_beside_waiters(args, &setup.clients, run).await;
+            if let Some(plain) = carried.plain {
+                println!(
+                    "beside {} waiters the plain path runs at {:.2} of its speed with nobody waiting",
+                    args.waiters,
+                    beside / plain
+                );
+            }
+        }
+        Scenario::Wait => waiters::wait_release(args, &setup.clients, run).await,
+        Scenario::Sweep => sweep::sweep_under_load(args, &setup.clients, run).await,
+        Scenario::IdleConnections => idle::idle_connections(args).await,
+        Scenario::Limit => limit_step(args, carried).await,
+        Scenario::HttpCycle => {
+            let target = setup.http.as_ref().expect("parsed in Setup::new");
+            carried.all_cycles_succeeded &= http_cycle::http_cycle(args, target, run).await;
+        }
+    }
+}
+
+/// `limit`, its database prepared the first time; after a `cycle`, the
+/// ratio of the two.
+async fn limit_step(args: &Args, carried: &mut Carried) {
+    if carried.limit_meter.is_none() {
+        if let Err(e) = limit::prepare(&args.limit_database_url).await {
+            eprintln!("limit: {e}");
+            std::process::exit(2);
+        }
+        carried.limit_meter =
+            Some(cost::Meter::new(&[], Some(&args.limit_database_url), &[]).await);
+    }
+    let meter = carried.limit_meter.as_ref().expect("set above");
+    match limit::limit(args, meter).await {
+        Ok(limit) => {
+            if let Some(plain) = carried.plain {
+                println!(
+                    "cycle ÷ limit: {:.2} (the coordinator's last cycle, {plain:.0}/s, against {limit:.0}/s)",
+                    plain / limit
+                );
+            }
+        }
+        Err(e) => {
+            eprintln!("limit: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    if let Some(Command::CheckHistory { file }) = &args.command {
+        let clean = history::check_history(file, &args.database()).await;
+        std::process::exit(if clean { 0 } else { 1 });
+    }
+    let setup = Setup::new(&args).await;
+    let run = run_id();
+    let mut carried = Carried {
+        plain: None,
+        limit_meter: None,
+        all_cycles_succeeded: true,
     };
-    let sql = if args.baseline_sql {
-        let sql = baseline::sql_drivers(&args.database(), args.clients).await;
-        Some(sql.into_iter().map(Driver::Sql).collect::<Vec<_>>())
-    } else {
-        None
-    };
-    // The server's database (for its commits and WAL), when named.
-    let meter = cost::Meter::new(
-        &args.server_pid,
-        args.database_url.as_deref(),
-        &args.metrics,
-    )
-    .await;
-    let mut limit_meter = None;
-    let mut plain = None;
     for (n, scenario) in args.scenario.iter().enumerate() {
         // Keys unique to this run and this step of it.
         let run = format!("{run}-{n}");
-        match scenario {
-            Scenario::Cycle => {
-                plain = Some(load::cycle(&args, &recorded, sql.as_deref(), &run, &meter).await);
-            }
-            Scenario::Replay | Scenario::Contend => {
-                let contend = *scenario == Scenario::Contend;
-                let drivers = if contend { &recorded } else { &grpc };
-                load::replay_or_contend(&args, drivers, sql.as_deref(), &run, contend, &meter)
-                    .await;
-            }
-            Scenario::CycleBesideWaiters => {
-                let beside = waiters::cycle_beside_waiters(&args, &clients, &run).await;
-                if let Some(plain) = plain {
-                    println!(
-                        "beside {} waiters the plain path runs at {:.2} of its speed with nobody waiting",
-                        args.waiters,
-                        beside / plain
-                    );
-                }
-            }
-            Scenario::Wait => waiters::wait_release(&args, &clients, &run).await,
-            Scenario::Sweep => sweep::sweep_under_load(&args, &clients, &run).await,
-            Scenario::IdleConnections => idle::idle_connections(&args).await,
-            Scenario::Limit => {
-                if limit_meter.is_none() {
-                    if let Err(e) = limit::prepare(&args.limit_database_url).await {
-                        eprintln!("limit: {e}");
-                        std::process::exit(2);
-                    }
-                    limit_meter =
-                        Some(cost::Meter::new(&[], Some(&args.limit_database_url), &[]).await);
-                }
-                let meter = limit_meter.as_ref().expect("set above");
-                match limit::limit(&args, meter).await {
-                    Ok(limit) => {
-                        if let Some(plain) = plain {
-                            println!(
-                                "cycle ÷ limit: {:.2} (the coordinator's last cycle, {plain:.0}/s, against {limit:.0}/s)",
-                                plain / limit
-                            );
-                        }
-                    }
-                    Err(e) => {
-                        eprintln!("limit: {e}");
-                        std::process::exit(1);
-                    }
-                }
-            }
-            Scenario::HttpCycle => {
-                let target = http.as_ref().expect("parsed above");
-                all_cycles_succeeded &= http_cycle::http_cycle(&args, target, &run).await;
-            }
-        }
+        step(&args, &setup, *scenario, &run, &mut carried).await;
     }
-    if let Some(history) = history {
+    if let Some(history) = &setup.history {
         history.flush();
         if let Some(path) = &args.record_history {
             println!("history written to {}", path.display());
         }
     }
-    if !all_cycles_succeeded {
+    if !carried.all_cycles_succeeded {
         std::process::exit(1);
     }
 }

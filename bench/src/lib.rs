@@ -1,0 +1,23 @@
+//! The coordinator's benchmark and its history checker, beside the server
+//! (which knows nothing of them): they use the server's library as any
+//! program built on it would.
+//!
+//! # Layout
+//!
+//! - [`history`]: histories of calls (JSON lines) and the checker that holds
+//!   them to the coordinator's promises (results kept, one result per
+//!   record, fencing tokens growing, one live lease per key, every PROCEED
+//!   accounted for). Pure: it parses and checks, and does no I/O.
+//! - [`recorder`]: calls and their answers as history entries, and the final
+//!   read of a key straight from the database.
+//! - `src/bin/idempotency-bench/`: the load generator, `idempotency-bench`
+//!   (its `//!` documentation says what each scenario measures); with
+//!   `--record-history` it writes a history, and `check-history` checks one.
+//! - `tests/faults/`: the fault suite. Real server processes on a
+//!   PostgreSQL of their own behind a proxy that breaks the network, under
+//!   load that records a history, which the checker then reads.
+//! - `limit/`: the SQL limit the benchmark's `cycle` is held against, and
+//!   `scaling-figures.sql`, the script of `docs/scaling.md`'s figures.
+
+pub mod history;
+pub mod recorder;

@@ -1,0 +1,20 @@
+//! Fault tests: the coordinator keeps its promises while PostgreSQL stops,
+//! crashes or loses its network, and while a replica dies. Each test owns a
+//! PostgreSQL (`cluster`) behind a proxy that can break the network
+//! (`proxy`), runs real server processes on it (`binary`: which one),
+//! drives load that records a history (`client`, `harness`), and checks
+//! that history with the history checker (`idempotency_bench::history`)
+//! after a final read of the table. Run with
+//! `cargo test -p idempotency-bench --test faults -- --nocapture` to see
+//! what each fault measured.
+
+mod binary;
+mod client;
+mod cluster;
+mod harness;
+#[allow(dead_code)]
+#[path = "../../../tests/api/helpers/process.rs"]
+mod process;
+mod proxy;
+mod regressions;
+mod scenarios;
