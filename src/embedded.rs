@@ -256,131 +256,20 @@ impl Embedded {
     /// database.
     pub async fn start(data_dir: &Path) -> Result<Embedded, EmbeddedError> {
         let started = Instant::now();
-        let dir_error = |source| EmbeddedError::DataDir {
-            path: data_dir.to_owned(),
-            source,
-        };
-        std::fs::create_dir_all(data_dir).map_err(dir_error)?;
-        let data_dir = data_dir.canonicalize().map_err(dir_error)?;
-        let dir_error = |source| EmbeddedError::DataDir {
-            path: data_dir.clone(),
-            source,
-        };
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(data_dir.join("coordinator.lock"))
-            .map_err(dir_error)?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(EmbeddedError::InUse(data_dir));
-            }
-            Err(std::fs::TryLockError::Error(e)) => return Err(dir_error(e)),
-        }
+        let (data_dir, lock) = lock_data_dir(data_dir)?;
         let bin = binaries().await?;
         let owner = if running_as_root() {
             Some(nobody().ok_or(EmbeddedError::NoUnprivilegedUser)?)
         } else {
             None
         };
-        let pgdata = data_dir.join("postgres");
-        let socket = socket_dir(&data_dir);
-        let log = data_dir.join("postgres.log");
-        for dir in [&pgdata, &socket] {
-            std::fs::create_dir_all(dir).map_err(dir_error)?;
-            set_private(dir, owner).map_err(dir_error)?;
+        let files = Files::prepare(&data_dir, owner)?;
+        if !files.pgdata.join("PG_VERSION").exists() {
+            init_database_files(&bin, &files).await?;
         }
-        let log_file = || -> Result<File, EmbeddedError> {
-            let file = OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&log)
-                .map_err(dir_error)?;
-            if let Some((uid, gid)) = owner {
-                std::os::unix::fs::chown(&log, Some(uid), Some(gid)).map_err(dir_error)?;
-            }
-            Ok(file)
-        };
-
-        if !pgdata.join("PG_VERSION").exists() {
-            tracing::info!(data_dir = %pgdata.display(), "creating the database files");
-            let mut initdb = command(&bin, "initdb", owner);
-            initdb
-                .args(["--pgdata"])
-                .arg(&pgdata)
-                .args([
-                    "--username=postgres",
-                    "--auth=trust",
-                    "--encoding=UTF8",
-                    "--locale=C",
-                ])
-                .stdout(log_file()?)
-                .stderr(log_file()?);
-            let status = initdb
-                .status()
-                .await
-                .map_err(|e| EmbeddedError::Spawn("initdb".into(), e))?;
-            if !status.success() {
-                return Err(EmbeddedError::Command {
-                    command: "initdb".into(),
-                    status: status.to_string(),
-                    log,
-                });
-            }
-        }
-        wait_for_earlier_postmaster(&pgdata).await;
-
-        let url = format!("host={} user=postgres dbname=postgres", socket.display());
-        let deadline = Instant::now() + START_TIMEOUT;
-        // Until then, a database that will not start because the processes
-        // of a killed one still hold the data dir is started again.
-        let leftovers_by = Instant::now() + LEFTOVERS_WAIT;
-        let (postmaster, admin) = 'started: loop {
-            let mut postmaster = spawn_postmaster(&bin, owner, &pgdata, &socket, &log_file)?;
-            let exited = loop {
-                if let Ok(Some(status)) = postmaster.try_wait() {
-                    break status;
-                }
-                if let Ok((client, connection)) =
-                    tokio_postgres::connect(&url, tokio_postgres::NoTls).await
-                {
-                    tokio::spawn(connection);
-                    break 'started (postmaster, client);
-                }
-                if Instant::now() > deadline {
-                    let _ = postmaster.start_kill();
-                    return Err(EmbeddedError::NotReady(START_TIMEOUT, log));
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            };
-            if !left_behind(&log) {
-                return Err(EmbeddedError::Command {
-                    command: "postgres".into(),
-                    status: exited.to_string(),
-                    log,
-                });
-            }
-            if Instant::now() > leftovers_by {
-                return Err(EmbeddedError::LeftBehind(pgdata, LEFTOVERS_WAIT, log));
-            }
-            tracing::info!(
-                "the database of an earlier coordinator of this data dir is still exiting; starting again shortly"
-            );
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        };
-        let exists = admin
-            .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&DATABASE])
-            .await
-            .map_err(EmbeddedError::CreateDatabase)?
-            .is_some();
-        if !exists {
-            admin
-                .batch_execute(&format!("CREATE DATABASE {DATABASE}"))
-                .await
-                .map_err(EmbeddedError::CreateDatabase)?;
-        }
+        wait_for_earlier_postmaster(&files.pgdata).await;
+        let (postmaster, admin) = start_postmaster(&bin, &files).await?;
+        create_database(&admin).await?;
         tracing::warn!(
             data_dir = %data_dir.display(),
             took = ?started.elapsed(),
@@ -414,28 +303,208 @@ impl Embedded {
     }
 }
 
-/// Starts the postmaster on `pgdata`, listening on `socket` alone.
-fn spawn_postmaster(
-    bin: &Path,
+/// Creates `data_dir` when missing and takes its lock, refusing at once a
+/// data dir another coordinator holds. Returns the data dir's canonical
+/// path and the lock, held for as long as the file is open.
+fn lock_data_dir(data_dir: &Path) -> Result<(PathBuf, File), EmbeddedError> {
+    let dir_error = |source| EmbeddedError::DataDir {
+        path: data_dir.to_owned(),
+        source,
+    };
+    std::fs::create_dir_all(data_dir).map_err(dir_error)?;
+    let data_dir = data_dir.canonicalize().map_err(dir_error)?;
+    let dir_error = |source| EmbeddedError::DataDir {
+        path: data_dir.clone(),
+        source,
+    };
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(data_dir.join("coordinator.lock"))
+        .map_err(dir_error)?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            return Err(EmbeddedError::InUse(data_dir));
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(dir_error(e)),
+    }
+    Ok((data_dir, lock))
+}
+
+/// Where the database keeps its files, socket and log inside the data dir,
+/// and who owns them.
+struct Files {
+    /// The data dir itself, where errors point.
+    data_dir: PathBuf,
+    /// The database files (`PGDATA`).
+    pgdata: PathBuf,
+    /// The directory of the Unix socket, its only address.
+    socket: PathBuf,
+    /// Where `initdb` and `postgres` write their output.
+    log: PathBuf,
+    /// Who the database runs as, when not as this process's user.
     owner: Option<(u32, u32)>,
-    pgdata: &Path,
-    socket: &Path,
-    log_file: &dyn Fn() -> Result<File, EmbeddedError>,
-) -> Result<tokio::process::Child, EmbeddedError> {
-    let mut postgres = command(bin, "postgres", owner);
+}
+
+impl Files {
+    /// Creates the database's and the socket's directories, private to
+    /// `owner` (or this process's user).
+    fn prepare(data_dir: &Path, owner: Option<(u32, u32)>) -> Result<Files, EmbeddedError> {
+        let files = Files {
+            data_dir: data_dir.to_owned(),
+            pgdata: data_dir.join("postgres"),
+            socket: socket_dir(data_dir),
+            log: data_dir.join("postgres.log"),
+            owner,
+        };
+        for dir in [&files.pgdata, &files.socket] {
+            std::fs::create_dir_all(dir).map_err(|e| files.dir_error(e))?;
+            set_private(dir, owner).map_err(|e| files.dir_error(e))?;
+        }
+        Ok(files)
+    }
+
+    /// A failure to prepare the data dir.
+    fn dir_error(&self, source: io::Error) -> EmbeddedError {
+        EmbeddedError::DataDir {
+            path: self.data_dir.clone(),
+            source,
+        }
+    }
+
+    /// The log, opened to append a program's output, owned by `owner`.
+    fn log_file(&self) -> Result<File, EmbeddedError> {
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .map_err(|e| self.dir_error(e))?;
+        if let Some((uid, gid)) = self.owner {
+            std::os::unix::fs::chown(&self.log, Some(uid), Some(gid))
+                .map_err(|e| self.dir_error(e))?;
+        }
+        Ok(file)
+    }
+}
+
+/// Creates the database files with `initdb` (first use of a data dir).
+async fn init_database_files(bin: &Path, files: &Files) -> Result<(), EmbeddedError> {
+    tracing::info!(data_dir = %files.pgdata.display(), "creating the database files");
+    let mut initdb = command(bin, "initdb", files.owner);
+    initdb
+        .args(["--pgdata"])
+        .arg(&files.pgdata)
+        .args([
+            "--username=postgres",
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--locale=C",
+        ])
+        .stdout(files.log_file()?)
+        .stderr(files.log_file()?);
+    let status = initdb
+        .status()
+        .await
+        .map_err(|e| EmbeddedError::Spawn("initdb".into(), e))?;
+    if !status.success() {
+        return Err(EmbeddedError::Command {
+            command: "initdb".into(),
+            status: status.to_string(),
+            log: files.log.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// Starts the postmaster and waits until it accepts connections, within
+/// [`START_TIMEOUT`]. A database that will not start because the processes
+/// of a killed one still hold the data dir is started again, for up to
+/// [`LEFTOVERS_WAIT`]. Returns the postmaster and a connection to its
+/// `postgres` database.
+async fn start_postmaster(
+    bin: &Path,
+    files: &Files,
+) -> Result<(Child, tokio_postgres::Client), EmbeddedError> {
+    let url = format!(
+        "host={} user=postgres dbname=postgres",
+        files.socket.display()
+    );
+    let deadline = Instant::now() + START_TIMEOUT;
+    let leftovers_by = Instant::now() + LEFTOVERS_WAIT;
+    loop {
+        let mut postmaster = spawn_postmaster(bin, files)?;
+        let exited = loop {
+            if let Ok(Some(status)) = postmaster.try_wait() {
+                break status;
+            }
+            if let Ok((client, connection)) =
+                tokio_postgres::connect(&url, tokio_postgres::NoTls).await
+            {
+                tokio::spawn(connection);
+                return Ok((postmaster, client));
+            }
+            if Instant::now() > deadline {
+                let _ = postmaster.start_kill();
+                return Err(EmbeddedError::NotReady(START_TIMEOUT, files.log.clone()));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        if !left_behind(&files.log) {
+            return Err(EmbeddedError::Command {
+                command: "postgres".into(),
+                status: exited.to_string(),
+                log: files.log.clone(),
+            });
+        }
+        if Instant::now() > leftovers_by {
+            return Err(EmbeddedError::LeftBehind(
+                files.pgdata.clone(),
+                LEFTOVERS_WAIT,
+                files.log.clone(),
+            ));
+        }
+        tracing::info!(
+            "the database of an earlier coordinator of this data dir is still exiting; starting again shortly"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Creates the coordinator's database, unless it exists.
+async fn create_database(admin: &tokio_postgres::Client) -> Result<(), EmbeddedError> {
+    let exists = admin
+        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&DATABASE])
+        .await
+        .map_err(EmbeddedError::CreateDatabase)?
+        .is_some();
+    if !exists {
+        admin
+            .batch_execute(&format!("CREATE DATABASE {DATABASE}"))
+            .await
+            .map_err(EmbeddedError::CreateDatabase)?;
+    }
+    Ok(())
+}
+
+/// Starts the postmaster on the data dir's database files, listening on its
+/// socket alone.
+fn spawn_postmaster(bin: &Path, files: &Files) -> Result<tokio::process::Child, EmbeddedError> {
+    let mut postgres = command(bin, "postgres", files.owner);
     postgres
         .arg("-D")
-        .arg(pgdata)
+        .arg(&files.pgdata)
         .arg("-k")
-        .arg(socket)
+        .arg(&files.socket)
         .args([
             "-c",
             "listen_addresses=",
             "-c",
             "unix_socket_permissions=0700",
         ])
-        .stdout(log_file()?)
-        .stderr(log_file()?)
+        .stdout(files.log_file()?)
+        .stderr(files.log_file()?)
         // A process group of its own: Ctrl-C in a terminal interrupts
         // the terminal's foreground group, and the database must keep
         // serving until this process has drained its calls and stops
