@@ -488,18 +488,8 @@ impl Application {
             async move { hub.poll_while_down().await }
         });
 
-        // Reflection knows our contract, the health service and the
-        // google.rpc error details, so grpcurl can show all three.
-        let reflection_v1 = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
-            .build_v1()?;
-        let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
-            .build_v1alpha()?;
+        let reflection_v1 = reflection().build_v1()?;
+        let reflection_v1alpha = reflection().build_v1alpha()?;
         let (metrics_store, metrics_hub) = (store.clone(), Arc::clone(&hub));
         let sweeper = Sweeper::new(store.clone(), config.sweep_batch);
         if config.sweep_interval.is_zero() && config.webhook.is_some() {
@@ -717,6 +707,16 @@ impl Application {
         tracing::info!("stopped");
         Ok(())
     }
+}
+
+/// Reflection's builder, the same for both versions: it knows our
+/// contract, the health service and the google.rpc error details, so
+/// grpcurl can show all three.
+fn reflection() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
 }
 
 /// Reads, at each scrape, the state metrics show: the store's connections
