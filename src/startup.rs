@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 use tonic::Status;
 use tonic::service::Routes;
 use tonic::service::interceptor::InterceptedService;
@@ -28,6 +29,8 @@ use crate::notify::Hub;
 use crate::proto::{self, coordinator_server::CoordinatorServer};
 use crate::recovery::Webhook;
 use crate::service::CoordinatorService;
+use crate::store::listener::Listener;
+use crate::store::probe::Probe;
 use crate::store::{self, Clock, ConnectTarget, Store, StoreError, UrlError, migrate};
 use crate::sweeper::{self, SweepTotals, Sweeper};
 use crate::tls::{Tls, TlsError};
@@ -468,7 +471,15 @@ impl Application {
                 "authentication is off: every caller is the one default tenant and may Sweep; pass --auth-tokens to require tokens"
             );
         }
-        let reloading = tokio::spawn(reload_on_hangup(Arc::clone(&auth), tls.clone()));
+        // Cancelled once the ports have closed; `draining`, its child, when
+        // the drain begins.
+        let closed = CancellationToken::new();
+        let draining = closed.child_token();
+        tokio::spawn(reload_on_hangup(
+            Arc::clone(&auth),
+            tls.clone(),
+            draining.clone(),
+        ));
         let addr = listener.local_addr().map_err(|source| StartupError::Bind {
             addr: config.listen,
             flag: "--listen",
@@ -483,9 +494,10 @@ impl Application {
         let hub_at_drain = Arc::clone(&hub);
         // Outlives the listener, which the drain stops: calls still waiting
         // then hear of changes by polling.
-        let polling = tokio::spawn({
+        tokio::spawn({
             let hub = Arc::clone(&hub);
-            async move { hub.poll_while_down().await }
+            let closed = closed.clone();
+            async move { hub.poll_while_down(closed).await }
         });
 
         let reflection_v1 = reflection().build_v1()?;
@@ -521,33 +533,31 @@ impl Application {
             let sweep_interval = config.sweep_interval;
             let webhook = config.webhook.clone();
             let probed = store.clone();
+            let stop = draining.clone();
             move |pg| {
-                let changes = store::listener::start(pg, health_interval, clock, {
+                let listener = Listener::new(pg, health_interval, clock, {
                     let hub = Arc::clone(&hub);
                     move |change| hub.on_change(change)
                 });
-                let listener_task = changes.task;
-                let probe = store::probe::start(probed, health_interval);
-                let following = tokio::spawn(follow_database(
-                    changes.listening,
-                    probe.answering,
+                let probe = Probe::new(probed, health_interval);
+                tokio::spawn(follow_database(
+                    listener.listening(),
+                    probe.answering(),
                     Arc::clone(&hub),
                     reporter.clone(),
+                    stop.clone(),
                 ));
-                let sweeping = (!sweep_interval.is_zero()).then(|| {
+                tokio::spawn(listener.run(stop.clone()));
+                tokio::spawn(probe.run(stop.clone()));
+                if !sweep_interval.is_zero() {
                     tokio::spawn(sweeper::run(
                         sweeper,
                         sweep_interval,
                         sweep_totals,
                         webhook.map(Webhook::start),
-                    ))
-                });
-                [
-                    Some(listener_task),
-                    Some(probe.task),
-                    Some(following),
-                    sweeping,
-                ]
+                        stop,
+                    ));
+                }
             }
         };
         let store_to_wait_on = store.clone();
@@ -585,25 +595,23 @@ impl Application {
                     ) => Some(waited),
                 }
             };
-            let running = match waited {
+            let served = match waited {
                 Some(Ok(())) => {
-                    let running = start_database_work(pg);
+                    start_database_work(pg);
                     database_up.store(true, Ordering::Release);
                     shutdown.await;
-                    Some(running)
+                    true
                 }
                 Some(Err(e)) => {
                     let _ = failed.send(e);
-                    None
+                    false
                 }
-                None => None,
+                None => false,
             };
-            for task in running.iter().flatten().flatten() {
-                task.abort();
-            }
+            // The database work and the credentials' reload end.
+            draining.cancel();
             // Calls still waiting hear of changes by polling from now on.
             hub_at_drain.set_connected(false);
-            reloading.abort();
             reporter
                 .set_not_serving::<CoordinatorServer<CoordinatorService>>()
                 .await;
@@ -612,7 +620,7 @@ impl Application {
                 .set_service_status("", ServingStatus::NotServing)
                 .await;
             // A server that never was ready had no traffic sent its way.
-            if !shutdown_delay.is_zero() && running.is_some() {
+            if !shutdown_delay.is_zero() && served {
                 tracing::info!(?shutdown_delay, "not ready; draining before closing");
                 tokio::time::sleep(shutdown_delay).await;
             }
@@ -635,15 +643,21 @@ impl Application {
         metrics::set_scope_labels(config.metrics_scope_labels);
         let ports = if http_listener.is_some() { 2 } else { 1 };
         let cap = connection_cap(&config, ports, metrics_listener.is_some());
-        let exporting = metrics_listener.map(|listener| {
+        if let Some(listener) = metrics_listener {
             if let Ok(addr) = listener.local_addr() {
                 tracing::info!(%addr, "serving metrics at /metrics");
             }
-            tokio::spawn(metrics::serve(
-                listener,
-                metrics_snapshot(metrics_store, metrics_hub),
-            ))
-        });
+            let snapshot = metrics_snapshot(metrics_store, metrics_hub);
+            let closed = closed.clone();
+            // The exporter serves until dropped: it stops here, between two
+            // awaits, once asked to.
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = closed.cancelled() => {}
+                    () = metrics::serve(listener, snapshot) => {}
+                }
+            });
+        }
         let mut connections = config.connections;
         connections.max_connections = cap;
         tracing::info!(
@@ -697,10 +711,8 @@ impl Application {
             transport::serve(listener, tls, admission, connections, stopped()),
             http,
         );
-        polling.abort();
-        if let Some(exporting) = exporting {
-            exporting.abort();
-        }
+        // The hub's polling and the metrics port end.
+        closed.cancel();
         if let Ok(e) = failure.await {
             return Err(e);
         }
@@ -741,7 +753,8 @@ fn metrics_snapshot(store: Store, hub: Arc<Hub>) -> metrics::SnapshotFn {
     })
 }
 
-/// Maps the database's state onto readiness: `idempotency.v1.Coordinator`
+/// Maps the database's state onto readiness until `stop` is cancelled, or
+/// until the listener or the probe stops: `idempotency.v1.Coordinator`
 /// is SERVING only while the listener is connected, listening and reading
 /// the database's clock on time, and the connections calls use answer the
 /// probe. The hub follows the listener alone (waiters poll while it is
@@ -751,6 +764,7 @@ async fn follow_database(
     mut answering: tokio::sync::watch::Receiver<bool>,
     hub: Arc<Hub>,
     reporter: tonic_health::server::HealthReporter,
+    stop: CancellationToken,
 ) {
     loop {
         let notified = *listening.borrow_and_update();
@@ -767,6 +781,7 @@ async fn follow_database(
                 .await;
         }
         let changed = tokio::select! {
+            () = stop.cancelled() => return,
             changed = listening.changed() => changed,
             changed = answering.changed() => changed,
         };
@@ -777,8 +792,13 @@ async fn follow_database(
 }
 
 /// Reads the credentials and certificates again on every SIGHUP, without
-/// touching connections; a bad file leaves the old ones in force.
-async fn reload_on_hangup(auth: Arc<Authenticator>, tls: Option<Arc<Tls>>) {
+/// touching connections, until `stop` is cancelled; a bad file leaves the
+/// old ones in force.
+async fn reload_on_hangup(
+    auth: Arc<Authenticator>,
+    tls: Option<Arc<Tls>>,
+    stop: CancellationToken,
+) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
@@ -786,7 +806,15 @@ async fn reload_on_hangup(auth: Arc<Authenticator>, tls: Option<Arc<Tls>>) {
             tracing::warn!("cannot listen for SIGHUP; credentials are not reloaded");
             return;
         };
-        while hangups.recv().await.is_some() {
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                hangup = hangups.recv() => {
+                    if hangup.is_none() {
+                        return;
+                    }
+                }
+            }
             match auth.reload() {
                 Ok(n) => tracing::info!(credentials = n, "credentials reloaded"),
                 Err(e) => tracing::error!(
@@ -808,6 +836,6 @@ async fn reload_on_hangup(auth: Arc<Authenticator>, tls: Option<Arc<Tls>>) {
     #[cfg(not(unix))]
     {
         let _ = (auth, tls);
-        std::future::pending::<()>().await;
+        stop.cancelled().await;
     }
 }
