@@ -10,6 +10,9 @@
 //!
 //! The parts:
 //!
+//! - [`commands`]: what `serve`, `migrate` and `health` do, on the database
+//!   given or on a private PostgreSQL ([`crate::embedded`]); `main` only
+//!   parses the arguments and picks one.
 //! - `ports`: the ports bound first ([`Listeners`]), each client port's
 //!   connection cap from the open file limit, and the client ports served
 //!   until they close together.
@@ -56,6 +59,7 @@ pub use database::wait_for_database;
 pub use ports::Listeners;
 
 mod background;
+pub mod commands;
 mod credentials;
 mod database;
 mod database_work;
