@@ -51,7 +51,9 @@
 //!   (the `health` command); `config::serve` groups them into the `serve`
 //!   command's flags and resolves them into a `ServeConfig`.
 //! - [`embedded`]: the private PostgreSQL that `serve` and `migrate` start in
-//!   `--data-dir` when no database URL is given (local development).
+//!   `--data-dir` when no database URL is given (local development), with
+//!   the machine's PostgreSQL programs or ones downloaded once
+//!   (`embedded::binaries`).
 //! - [`transport`]: the network edge, where no caller is trusted yet: the
 //!   one accept loop (connection cap, handshake time limit, back-off when
 //!   descriptors run out) for both ports, HTTP/2 connections (keepalive,
@@ -70,11 +72,21 @@
 //!   content type) before it reads its body under admission's budget; each
 //!   request then becomes an in-process gRPC call through `transport`'s
 //!   admission, so nothing about callers is decided twice.
-//! - [`startup`]: builds the server (Coordinator, health, reflection) exactly
-//!   as production and tests run it, and wires the listener's state to
-//!   readiness and to the hub; binds the port first and waits for the
-//!   database (and migrates it) while serving, Coordinator calls answered
-//!   UNAVAILABLE until it is ready.
+//! - [`startup`]: builds the server exactly as production and tests run it;
+//!   binds the ports first and waits for the database (and migrates it)
+//!   while serving, Coordinator calls answered UNAVAILABLE until it is
+//!   ready. In named parts: [`startup::commands`] (what `serve`, `migrate`
+//!   and `health` do; `main.rs` only parses the arguments and dispatches),
+//!   `ports` (binding, the connection cap, the client ports served),
+//!   `database` (the wait, and the Coordinator's gate meanwhile), `routes`
+//!   (Coordinator, health, and reflection in both versions from one
+//!   builder), `http_door`, `metrics_exporter`, `credentials` (reloaded on
+//!   SIGHUP), `database_work` (the listener, the probe, readiness following
+//!   both and the sweeper, once the database is ready), `lifecycle` (the
+//!   wait, serving until shutdown, the drain) and `background`: one
+//!   supervisor for every background task, which all end on one
+//!   cancellation token, awaited within a bound, any that dies early logged
+//!   by name.
 //! - [`notify`]: the hub: waiting without a database connection. The
 //!   listener's changes fanned out to this process's waiters, the waiter
 //!   limits, and one shared read per record for the waiters a change wakes.

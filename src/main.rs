@@ -1,19 +1,14 @@
-//! `idempotency-coordinator serve | migrate`: parse the configuration, set up
-//! logging and the span exporter, start the private PostgreSQL when no
-//! database URL is given, bind, serve (waiting for the database meanwhile)
-//! until SIGTERM or SIGINT, stop the private PostgreSQL, send the last
-//! spans.
+//! `idempotency-coordinator serve | migrate | health`: parse the arguments,
+//! set up logging and the span exporter, run the command (each command's flow
+//! is in `startup::commands`), send the last spans.
 
-use std::future::Future;
 use std::process::ExitCode;
 
 use clap::Parser;
-use idempotency_coordinator::config::{Cli, Command, DatabaseArgs, ServeConfig};
-use idempotency_coordinator::embedded::{self, Embedded};
+use idempotency_coordinator::config::{Cli, Command};
 use idempotency_coordinator::error::cause_chain;
-use idempotency_coordinator::startup::{Application, Listeners, StartupError, wait_for_database};
-use idempotency_coordinator::store::{Clock, Store, StoreConfig, connect_error};
-use idempotency_coordinator::{shutdown, telemetry};
+use idempotency_coordinator::startup::{StartupError, commands};
+use idempotency_coordinator::telemetry;
 
 /// jemalloc rather than the system allocator: a burst of calls (ten thousand
 /// waiters arriving at once) frees most of what it allocated, and glibc's
@@ -33,57 +28,12 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 static MALLOC_CONF: &u8 =
     &b"background_thread:true,narenas:1,lg_tcache_max:10,dirty_decay_ms:500,muzzy_decay_ms:0\0"[0];
 
-/// Runs `work` on the database URL given, or on a private PostgreSQL
-/// started for it and stopped after it, whatever `work` returned.
-async fn on_database<F, Fut>(db: &DatabaseArgs, work: F) -> Result<(), StartupError>
-where
-    F: FnOnce(String) -> Fut,
-    Fut: Future<Output = Result<(), StartupError>>,
-{
-    if let Some(url) = &db.database_url {
-        return work(url.clone()).await;
-    }
-    let data_dir = db
-        .data_dir
-        .clone()
-        .unwrap_or_else(embedded::default_data_dir);
-    let embedded = Embedded::start(&data_dir).await?;
-    let done = work(embedded.database_url()).await;
-    embedded.stop().await;
-    done
-}
-
+/// Runs the command asked for.
 async fn run(cli: Cli) -> Result<(), StartupError> {
     match cli.command {
-        Command::Serve(mut args) => {
-            // The ports first: one in use is said before a private
-            // PostgreSQL is started for nothing.
-            let listeners =
-                Listeners::bind(args.listen, args.http_listen, args.metrics_listen).await?;
-            let db = args.database.clone();
-            on_database(&db, |url| async move {
-                args.database.database_url = Some(url);
-                // Serves at once; the database is waited for while serving.
-                let app = Application::bind_on(ServeConfig::from(*args), listeners).await?;
-                app.run_until(shutdown::signal()).await
-            })
-            .await
-        }
-        Command::Health(args) => idempotency_coordinator::health::check(&args)
-            .await
-            .map_err(|e| StartupError::Unhealthy(e.to_string())),
-        Command::Migrate(db) => {
-            on_database(&db, |url| async move {
-                let pg = connect_error::check_url(&url)?;
-                let config = StoreConfig::for_migrations(url);
-                let store =
-                    Store::new(&config, Clock::default()).map_err(StartupError::Database)?;
-                // One attempt: whatever runs `migrate` (a Job, Compose)
-                // retries it.
-                wait_for_database(&store, &pg, true, Some(std::time::Duration::ZERO)).await
-            })
-            .await
-        }
+        Command::Serve(args) => commands::serve(args).await,
+        Command::Health(args) => commands::health(args).await,
+        Command::Migrate(db) => commands::migrate(db).await,
     }
 }
 

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::domain::{Record, RecordId, Refusal, Scope, Tenant, TooManyWaiters, WaiterLimits};
 use crate::metrics;
@@ -248,19 +249,25 @@ impl Hub {
 
     /// While the listener is down no notification arrives: announce every
     /// topic each `FALLBACK_POLL` instead, so waiters re-read (one shared
-    /// read per record per interval) until it is back. Runs for as long as
-    /// the server does, its own task, so that it outlives the listener
-    /// (stopped first at shutdown) while calls in flight finish.
-    pub async fn poll_while_down(&self) {
+    /// read per record per interval) until it is back. Runs until `stop` is
+    /// cancelled, its own task, so that it outlives the listener (stopped
+    /// first at shutdown) while calls in flight finish.
+    pub async fn poll_while_down(&self, stop: CancellationToken) {
         let mut connected = self.connected.subscribe();
         loop {
             if *connected.borrow_and_update() {
-                if connected.changed().await.is_err() {
-                    return;
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    changed = connected.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                    }
                 }
                 continue;
             }
             tokio::select! {
+                () = stop.cancelled() => return,
                 _ = tokio::time::sleep(FALLBACK_POLL) => {
                     if !*self.connected.borrow() {
                         self.records.notify_all();
@@ -436,9 +443,11 @@ mod tests {
             per_tenant: 10,
         });
         let mut subscription = hub.subscribe(&record()).unwrap();
+        let stop = CancellationToken::new();
         let polling = tokio::spawn({
             let hub = Arc::clone(&hub);
-            async move { hub.poll_while_down().await }
+            let stop = stop.clone();
+            async move { hub.poll_while_down(stop).await }
         });
 
         // Down, as before the first connection: woken every interval.
@@ -454,7 +463,8 @@ mod tests {
         // Down again: polling resumes.
         hub.set_connected(false);
         assert!(woken(&mut subscription, FALLBACK_POLL * 2).await);
-        polling.abort();
+        stop.cancel();
+        polling.await.unwrap();
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
 
 use crate::domain::{SweepCounts, Tenant};
 use crate::error::cause_chain;
@@ -117,54 +118,68 @@ impl SweepTotals {
     }
 }
 
-/// Sweeps every `interval` until the server stops (it aborts this task),
-/// then offers due records to the recovery webhook if there is one.
+/// Sweeps every `interval` until `stop` is cancelled, then offers due
+/// records to the recovery webhook if there is one. Cancelling `stop` also
+/// ends a round in progress, at its next await; what it left undone is the
+/// next round's, of whichever replica sweeps next.
 pub async fn run(
     sweeper: Sweeper,
     interval: Duration,
     totals: Arc<SweepTotals>,
     webhook: Option<Webhook>,
+    stop: CancellationToken,
 ) {
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
-        ticks.tick().await;
-        let started = tokio::time::Instant::now();
-        let swept = sweeper
-            .sweep(Sweep {
-                exclusive: true,
-                ..Sweep::default()
-            })
-            .await;
-        let outcome = match &swept {
-            Ok(Some(_)) => SweepOutcome::Swept,
-            Ok(None) => SweepOutcome::Skipped,
-            Err(_) => SweepOutcome::Failed,
-        };
-        let due = swept.as_ref().ok().and_then(|c| c.map(|c| c.retries_due));
-        metrics::sweep_round(outcome, started.elapsed(), due);
-        match swept {
-            Ok(Some(counts)) => {
-                totals.add(&counts);
-                if counts.expired_deleted + counts.leases_reclaimed > 0 {
-                    tracing::info!(
-                        expired_deleted = counts.expired_deleted,
-                        leases_reclaimed = counts.leases_reclaimed,
-                        retries_due = counts.retries_due,
-                        took = ?started.elapsed(),
-                        "swept"
-                    );
-                } else {
-                    tracing::debug!(retries_due = counts.retries_due, "swept: nothing to do");
-                }
-            }
-            Ok(None) => tracing::debug!("another replica is sweeping"),
-            Err(e) => {
-                tracing::warn!(error = %cause_chain(&e), "sweep failed; trying again next round")
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = async {
+                ticks.tick().await;
+                round(&sweeper, &totals, webhook.as_ref()).await;
+            } => {}
+        }
+    }
+}
+
+/// One round of the background sweeper: a sweep, counted and logged, then
+/// the due records offered to `webhook`.
+async fn round(sweeper: &Sweeper, totals: &SweepTotals, webhook: Option<&Webhook>) {
+    let started = tokio::time::Instant::now();
+    let swept = sweeper
+        .sweep(Sweep {
+            exclusive: true,
+            ..Sweep::default()
+        })
+        .await;
+    let outcome = match &swept {
+        Ok(Some(_)) => SweepOutcome::Swept,
+        Ok(None) => SweepOutcome::Skipped,
+        Err(_) => SweepOutcome::Failed,
+    };
+    let due = swept.as_ref().ok().and_then(|c| c.map(|c| c.retries_due));
+    metrics::sweep_round(outcome, started.elapsed(), due);
+    match swept {
+        Ok(Some(counts)) => {
+            totals.add(&counts);
+            if counts.expired_deleted + counts.leases_reclaimed > 0 {
+                tracing::info!(
+                    expired_deleted = counts.expired_deleted,
+                    leases_reclaimed = counts.leases_reclaimed,
+                    retries_due = counts.retries_due,
+                    took = ?started.elapsed(),
+                    "swept"
+                );
+            } else {
+                tracing::debug!(retries_due = counts.retries_due, "swept: nothing to do");
             }
         }
-        if let Some(webhook) = &webhook {
-            webhook.offer_due(&sweeper.store).await;
+        Ok(None) => tracing::debug!("another replica is sweeping"),
+        Err(e) => {
+            tracing::warn!(error = %cause_chain(&e), "sweep failed; trying again next round")
         }
+    }
+    if let Some(webhook) = webhook {
+        webhook.offer_due(&sweeper.store).await;
     }
 }

@@ -8,15 +8,16 @@
 //!
 //! It knows nothing of who waits: notifications go to the `on_change`
 //! callback as [`Change`]s, and whether it is listening goes out on a
-//! `watch` channel, which `startup` maps onto readiness and the hub.
+//! `watch` channel, which `startup` maps onto readiness and the hub. It runs
+//! until its stop token is cancelled.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_util::sync::CancellationToken;
 
 use super::clock::Clock;
 use super::connect_error::ConnectError;
@@ -57,43 +58,72 @@ impl Change {
     }
 }
 
-/// A running listener: whether it is listening, and its task.
+/// The database listener, ready to run: [`Listener::run`] keeps it until
+/// its stop token is cancelled.
 pub struct Listener {
-    /// `true` while connected, listening and reading the clock on time.
-    pub listening: watch::Receiver<bool>,
-    /// Abort it to stop the listener; `listening` then turns `false` and
-    /// closes.
-    pub task: JoinHandle<()>,
-}
-
-/// Starts the listener: it keeps a connection for as long as it runs,
-/// reconnecting every `interval`, and hands every notification to
-/// `on_change`.
-pub fn start(
     pg: tokio_postgres::Config,
     interval: Duration,
     clock: Clock,
-    on_change: impl Fn(Change) + Send + Sync + 'static,
-) -> Listener {
-    let (state, listening) = watch::channel(false);
-    let on_change: Arc<dyn Fn(Change) + Send + Sync> = Arc::new(on_change);
-    // Attempts every interval, without a growing back-off: one connection
-    // attempt a second costs the database nothing, and readiness comes back
-    // within about an interval of the database answering again.
-    //
-    // A session that went silent (a connection dropped by a NAT or a
-    // firewall, while new ones work) is replaced at once, within half an
-    // interval, before readiness says anything: losing one costs readiness
-    // nothing. The new session's start wakes every waiter to re-check what
-    // the lost one may not have heard. A session the database ended (a
-    // restart, a terminated backend) is down until a new one listens.
-    let task = tokio::spawn(async move {
+    on_change: Arc<dyn Fn(Change) + Send + Sync>,
+    /// `true` while connected, listening and reading the clock on time.
+    state: watch::Sender<bool>,
+}
+
+impl Listener {
+    /// A listener that, once running, keeps a connection to `pg`,
+    /// reconnecting every `interval`, and hands every notification to
+    /// `on_change`.
+    pub fn new(
+        pg: tokio_postgres::Config,
+        interval: Duration,
+        clock: Clock,
+        on_change: impl Fn(Change) + Send + Sync + 'static,
+    ) -> Listener {
+        Listener {
+            pg,
+            interval,
+            clock,
+            on_change: Arc::new(on_change),
+            state: watch::Sender::new(false),
+        }
+    }
+
+    /// Whether it is listening: `true` while connected, listening and
+    /// reading the clock on time. Closes when the listener stops.
+    pub fn listening(&self) -> watch::Receiver<bool> {
+        self.state.subscribe()
+    }
+
+    /// Listens until `stop` is cancelled; the session in progress is then
+    /// dropped, which closes its connection.
+    ///
+    /// Attempts every interval, without a growing back-off: one connection
+    /// attempt a second costs the database nothing, and readiness comes
+    /// back within about an interval of the database answering again.
+    ///
+    /// A session that went silent (a connection dropped by a NAT or a
+    /// firewall, while new ones work) is replaced at once, within half an
+    /// interval, before readiness says anything: losing one costs readiness
+    /// nothing. The new session's start wakes every waiter to re-check what
+    /// the lost one may not have heard. A session the database ended (a
+    /// restart, a terminated backend) is down until a new one listens.
+    pub async fn run(self, stop: CancellationToken) {
+        let Listener {
+            pg,
+            interval,
+            clock,
+            on_change,
+            state,
+        } = self;
         let mut reported = false;
         let mut at_once = false;
         loop {
             let connect_within = if at_once { interval / 2 } else { interval * 2 };
-            let (why, ended) =
-                listen_once(&pg, &state, interval, connect_within, &clock, &on_change).await;
+            let session = listen_once(&pg, &state, interval, connect_within, &clock, &on_change);
+            let (why, ended) = tokio::select! {
+                () = stop.cancelled() => return,
+                ended = session => ended,
+            };
             let was_listening = ended != Ended::NeverListened;
             // Silent implies it had listened: no loop without a session.
             if ended == Ended::Silent {
@@ -113,10 +143,12 @@ pub fn start(
                 tracing::warn!(reason = %why, "database listener down: not ready, waiters poll");
                 reported = true;
             }
-            tokio::time::sleep(interval).await;
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(interval) => {}
+            }
         }
-    });
-    Listener { listening, task }
+    }
 }
 
 /// Asks the database for its clock with `read`, which also shows that it

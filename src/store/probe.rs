@@ -12,28 +12,54 @@
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 use super::{CallTime, Store, StoreError};
 
-/// A running probe.
+/// The probe, ready to run: [`Probe::run`] probes until its stop token is
+/// cancelled.
 pub struct Probe {
+    store: Store,
+    interval: Duration,
     /// `true` while the last probe was answered in time.
-    pub answering: watch::Receiver<bool>,
-    /// Abort it to stop probing.
-    pub task: JoinHandle<()>,
+    state: watch::Sender<bool>,
 }
 
-/// Starts probing `store` every half `interval`, each probe answered
-/// within `interval` or failed.
-pub fn start(store: Store, interval: Duration) -> Probe {
-    let (state, answering) = watch::channel(false);
-    let task = tokio::spawn(async move {
+impl Probe {
+    /// A probe of `store` every half `interval`, each probe answered within
+    /// `interval` or failed.
+    pub fn new(store: Store, interval: Duration) -> Probe {
+        Probe {
+            store,
+            interval,
+            state: watch::Sender::new(false),
+        }
+    }
+
+    /// Whether the connections calls use answer: `true` while the last
+    /// probe was answered in time. Closes when the probe stops.
+    pub fn answering(&self) -> watch::Receiver<bool> {
+        self.state.subscribe()
+    }
+
+    /// Probes until `stop` is cancelled, which also ends a probe in
+    /// progress.
+    pub async fn run(self, stop: CancellationToken) {
+        let Probe {
+            store,
+            interval,
+            state,
+        } = self;
         let mut ticks = tokio::time::interval(interval / 2);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            ticks.tick().await;
-            let answered = store.probe(interval).await;
+            let answered = tokio::select! {
+                () = stop.cancelled() => return,
+                answered = async {
+                    ticks.tick().await;
+                    store.probe(interval).await
+                } => answered,
+            };
             let up = answered.is_ok();
             let changed = state.send_if_modified(|was| std::mem::replace(was, up) != up);
             match answered {
@@ -45,8 +71,7 @@ pub fn start(store: Store, interval: Duration) -> Probe {
                 _ => {}
             }
         }
-    });
-    Probe { answering, task }
+    }
 }
 
 impl Store {

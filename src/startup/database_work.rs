@@ -1,0 +1,137 @@
+//! What runs once the database is ready, under the supervisor until the
+//! drain: the listener (changes to the hub), the probe of the connections
+//! calls use, readiness following both, and the sweeper (and with it the
+//! recovery webhook).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tonic_health::server::HealthReporter;
+
+use super::background::{Supervisor, Until};
+use crate::config::ServeConfig;
+use crate::metrics;
+use crate::notify::Hub;
+use crate::proto::coordinator_server::CoordinatorServer;
+use crate::recovery::{Webhook, WebhookConfig};
+use crate::service::CoordinatorService;
+use crate::store::{Store, listener::Listener, probe::Probe};
+use crate::sweeper::{self, SweepTotals, Sweeper};
+
+/// Everything the database work needs, gathered before the database is
+/// ready.
+pub(super) struct DatabaseWork {
+    /// Hears the listener's changes, and whether it listens.
+    hub: Arc<Hub>,
+    /// Where readiness is said.
+    reporter: HealthReporter,
+    /// Probed, and the source of the clock the listener measures.
+    store: Store,
+    sweeper: Sweeper,
+    sweep_totals: Arc<SweepTotals>,
+    /// How often the listener and the probe check the database.
+    health_interval: Duration,
+    /// How often the sweeper sweeps; zero: never.
+    sweep_interval: Duration,
+    webhook: Option<WebhookConfig>,
+}
+
+impl DatabaseWork {
+    /// The database work as `config` sets it.
+    pub(super) fn new(
+        config: &ServeConfig,
+        hub: Arc<Hub>,
+        reporter: HealthReporter,
+        store: Store,
+        sweeper: Sweeper,
+        sweep_totals: Arc<SweepTotals>,
+    ) -> DatabaseWork {
+        DatabaseWork {
+            hub,
+            reporter,
+            store,
+            sweeper,
+            sweep_totals,
+            health_interval: config.health_interval,
+            sweep_interval: config.sweep_interval,
+            webhook: config.webhook.clone(),
+        }
+    }
+
+    /// Starts the listener on `pg`, the probe, readiness and (unless its
+    /// interval is zero) the sweeper, each ending when the drain begins.
+    pub(super) fn start(self, pg: tokio_postgres::Config, background: &mut Supervisor) {
+        let DatabaseWork {
+            hub,
+            reporter,
+            store,
+            sweeper,
+            sweep_totals,
+            health_interval,
+            sweep_interval,
+            webhook,
+        } = self;
+        let listener = Listener::new(pg, health_interval, store.clock().clone(), {
+            let hub = Arc::clone(&hub);
+            move |change| hub.on_change(change)
+        });
+        let probe = Probe::new(store, health_interval);
+        let (listening, answering) = (listener.listening(), probe.answering());
+        background.spawn("database listener", Until::Drain, |stop| listener.run(stop));
+        background.spawn("database probe", Until::Drain, |stop| probe.run(stop));
+        background.spawn("readiness", Until::Drain, |stop| {
+            follow_database(listening, answering, hub, reporter, stop)
+        });
+        if !sweep_interval.is_zero() {
+            background.spawn("sweeper", Until::Drain, |stop| {
+                sweeper::run(
+                    sweeper,
+                    sweep_interval,
+                    sweep_totals,
+                    webhook.map(Webhook::start),
+                    stop,
+                )
+            });
+        }
+    }
+}
+
+/// Maps the database's state onto readiness until `stop` is cancelled, or
+/// until the listener or the probe stops: `idempotency.v1.Coordinator` is
+/// SERVING only while the listener is connected, listening and reading the
+/// database's clock on time, and the connections calls use answer the
+/// probe. The hub follows the listener alone (waiters poll while it is
+/// down).
+async fn follow_database(
+    mut listening: watch::Receiver<bool>,
+    mut answering: watch::Receiver<bool>,
+    hub: Arc<Hub>,
+    reporter: HealthReporter,
+    stop: CancellationToken,
+) {
+    loop {
+        let notified = *listening.borrow_and_update();
+        hub.set_connected(notified);
+        let up = notified && *answering.borrow_and_update();
+        metrics::ready(up);
+        if up {
+            reporter
+                .set_serving::<CoordinatorServer<CoordinatorService>>()
+                .await;
+        } else {
+            reporter
+                .set_not_serving::<CoordinatorServer<CoordinatorService>>()
+                .await;
+        }
+        let changed = tokio::select! {
+            () = stop.cancelled() => return,
+            changed = listening.changed() => changed,
+            changed = answering.changed() => changed,
+        };
+        if changed.is_err() {
+            return;
+        }
+    }
+}
