@@ -1,0 +1,229 @@
+//! One rule for final answers, wherever it is applied: every path that can
+//! answer an Acquire (the single call, the batch's pre-check, the replay
+//! cache on and off, a waiting Acquire woken by a change) answers exactly
+//! what `idempotency_acquire` alone answers for the same record, over a
+//! matrix of record states and request fingerprints.
+//!
+//! The reference is `idempotency_acquire` run on the record as it stands, in
+//! a transaction that is rolled back, right before the path answers.
+
+mod acquire;
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use idempotency_coordinator::config::ServeConfig;
+use idempotency_coordinator::proto;
+use tokio_postgres::{Client, GenericClient, Transaction};
+
+use crate::helpers::*;
+
+/// The fingerprint every record is created with.
+const CREATED_WITH: &str = "fp-a";
+/// The fingerprints a caller may bring: the same, another, none.
+const FINGERPRINTS: [&str; 3] = [CREATED_WITH, "fp-b", ""];
+
+#[derive(Debug, Clone, Copy)]
+enum State {
+    ProcessingLive,
+    ProcessingExpired,
+    Succeeded,
+    FailedDue,
+    FailedNotDue,
+    FailedPermanent,
+    /// Past its retention: counts as absent.
+    Expired,
+}
+
+const STATES: [State; 7] = [
+    State::ProcessingLive,
+    State::ProcessingExpired,
+    State::Succeeded,
+    State::FailedDue,
+    State::FailedNotDue,
+    State::FailedPermanent,
+    State::Expired,
+];
+
+const WHERE_KEY: &str = "tenant = 'default' AND scope = $1 AND idempotency_key = $2";
+
+/// Creates `key` in scope `s` with fingerprint `fp-a` as a PROCESSING
+/// record, and returns its lease token.
+async fn create(db: &impl GenericClient, key: &str) -> uuid::Uuid {
+    let row = db
+        .query_one(
+            "SELECT (a.rec).lease_token FROM idempotency_acquire(
+                 'default', 's', $1, $2, '', 60000, 3, 3600000, 0, 0) a",
+            &[&key, &CREATED_WITH],
+        )
+        .await
+        .unwrap();
+    row.get(0)
+}
+
+async fn complete_in_sql(
+    db: &impl GenericClient,
+    key: &str,
+    token: uuid::Uuid,
+    outcome: &str,
+    permanent: bool,
+) {
+    db.execute(
+        "SELECT * FROM idempotency_complete('default', 's', $1, $2, $3, '\\x6f6b'::bytea,
+             'text/plain', 200, '', 'it failed', $4, NULL, 1000, 3600000, 0)",
+        &[&key, &token, &outcome, &permanent],
+    )
+    .await
+    .unwrap();
+}
+
+/// Puts the PROCESSING record `key` (leased with `token`) into `state`.
+async fn put_in(db: &impl GenericClient, key: &str, token: uuid::Uuid, state: State) {
+    let update = |set: &str| format!("UPDATE idempotency_keys SET {set} WHERE {WHERE_KEY}");
+    match state {
+        State::ProcessingLive => {
+            // A new lease, so that a waiter on the old one sees a change.
+            db.execute(
+                &update("lease_token = gen_random_uuid(), updated_at = now()"),
+                &[&"s", &key],
+            )
+            .await
+            .unwrap();
+        }
+        State::ProcessingExpired => {
+            db.execute(
+                &update("lease_expires_at = now() - interval '1 minute', updated_at = now()"),
+                &[&"s", &key],
+            )
+            .await
+            .unwrap();
+        }
+        State::Succeeded => complete_in_sql(db, key, token, "SUCCESS", false).await,
+        State::FailedDue | State::FailedNotDue => {
+            complete_in_sql(db, key, token, "FAILURE", false).await;
+            let due = match state {
+                State::FailedDue => "now() - interval '1 second'",
+                _ => "now() + interval '1 hour'",
+            };
+            db.execute(&update(&format!("next_retry_at = {due}")), &[&"s", &key])
+                .await
+                .unwrap();
+        }
+        State::FailedPermanent => complete_in_sql(db, key, token, "FAILURE", true).await,
+        State::Expired => {
+            complete_in_sql(db, key, token, "SUCCESS", false).await;
+            db.execute(
+                &update("expires_at = now() - interval '1 second'"),
+                &[&"s", &key],
+            )
+            .await
+            .unwrap();
+        }
+    }
+}
+
+/// What `idempotency_acquire` alone answers `fingerprint` on `key` as `tx`
+/// sees it, leaving the record (and `tx`) as it is.
+async fn reference_in(tx: &mut Transaction<'_>, key: &str, fingerprint: &str) -> String {
+    let probe = tx.savepoint("reference").await.unwrap();
+    let row = probe
+        .query_one(
+            "SELECT decision FROM idempotency_acquire(
+                 'default', 's', $1, $2, '', 60000, 3, 3600000, 0, 0)",
+            &[&key, &fingerprint],
+        )
+        .await
+        .unwrap();
+    probe.rollback().await.unwrap();
+    row.get(0)
+}
+
+/// What `idempotency_acquire` alone answers `fingerprint` on `key` now,
+/// leaving the record as it is.
+async fn reference(db: &mut Client, key: &str, fingerprint: &str) -> String {
+    let mut tx = db.transaction().await.unwrap();
+    let answer = reference_in(&mut tx, key, fingerprint).await;
+    tx.rollback().await.unwrap();
+    answer
+}
+
+/// The batch's answer for one call on `key`, leaving the record as it is.
+async fn batch_precheck(db: &mut Client, key: &str, fingerprint: &str) -> String {
+    let tx = db.transaction().await.unwrap();
+    let row = tx
+        .query_one(
+            "SELECT decision FROM idempotency_acquire_batch(
+                 ARRAY['default'], ARRAY['s'], ARRAY[$1::text], ARRAY[$2::text], ARRAY[''],
+                 ARRAY[60000::bigint], ARRAY[3], ARRAY[3600000::bigint], ARRAY[0::bigint], 0)",
+            &[&key, &fingerprint],
+        )
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    row.get(0)
+}
+
+/// A decision as `idempotency_acquire` names it.
+fn name(decision: i32) -> String {
+    proto::Decision::try_from(decision)
+        .expect("a known decision")
+        .as_str_name()
+        .trim_start_matches("DECISION_")
+        .to_owned()
+}
+
+/// An Acquire of `key` in scope `s`, with `fingerprint` unless it is empty.
+fn acquire_with(key: &str, fingerprint: &str) -> proto::AcquireRequest {
+    let mut request = acquire("s", key);
+    if !fingerprint.is_empty() {
+        request.request_fingerprint = Some(
+            proto::acquire_request::RequestFingerprint::Fingerprint(fingerprint.to_owned()),
+        );
+    }
+    request
+}
+
+async fn server(db: &TestDatabase, configure: impl FnOnce(&mut ServeConfig)) -> TestServer {
+    let mut config = ServeConfig::new("127.0.0.1:0".parse().unwrap(), db.url.clone());
+    config.sweep_interval = Duration::ZERO;
+    configure(&mut config);
+    start_server(config).await
+}
+
+/// Answers compared with their reference, and the ones that disagree.
+#[derive(Default)]
+struct Tally {
+    checked: usize,
+    disagreements: Vec<String>,
+}
+
+impl Tally {
+    /// Compares what `path` answered in `case` with what `reference`
+    /// answers.
+    fn compare<T: PartialEq + Debug>(
+        &mut self,
+        case: &str,
+        reference: &str,
+        expected: &T,
+        got: &T,
+    ) {
+        self.checked += 1;
+        if expected != got {
+            self.disagreements.push(format!(
+                "{case}: {reference} answers {expected:?}, this path {got:?}"
+            ));
+        }
+    }
+
+    /// Fails the test unless every answer agreed with its reference.
+    fn assert_all_agree(&self) {
+        println!("{} answers checked", self.checked);
+        assert!(
+            self.disagreements.is_empty(),
+            "{} of {} answers disagree:\n{}",
+            self.disagreements.len(),
+            self.checked,
+            self.disagreements.join("\n")
+        );
+    }
+}
