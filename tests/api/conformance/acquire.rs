@@ -5,42 +5,10 @@
 use tokio_postgres::Client;
 
 use super::{
-    CREATED_WITH, FINGERPRINTS, STATES, State, Tally, WHERE_KEY, acquire_with, batch_precheck,
-    create, name, put_in, reference, reference_in, server,
+    CREATED_WITH, FINGERPRINTS, STATES, Servers, State, Tally, WHERE_KEY, acquire_with,
+    batch_precheck, create, name, put_in, reference, reference_in,
 };
 use crate::helpers::*;
-
-/// The servers an Acquire can go through, on one database.
-struct Servers {
-    /// A pooled connection per call, no batches, no replay cache.
-    single: TestServer,
-    /// The defaults: shared connections, batches, replay cache on.
-    cached: TestServer,
-    /// Shared connections and batches, replay cache off.
-    uncached: TestServer,
-}
-
-impl Servers {
-    async fn start(db: &TestDatabase) -> Self {
-        Servers {
-            single: server(db, |c| {
-                c.store.shared_connections = 0;
-                c.store.replay_cache_bytes = 0;
-            })
-            .await,
-            cached: server(db, |_| {}).await,
-            uncached: server(db, |c| c.store.replay_cache_bytes = 0).await,
-        }
-    }
-
-    fn paths(&self) -> [(&'static str, &TestServer); 3] {
-        [
-            ("single call", &self.single),
-            ("replay cache on", &self.cached),
-            ("replay cache off", &self.uncached),
-        ]
-    }
-}
 
 /// The batch's pre-check, straight in SQL, on a record in `state`.
 async fn check_the_batch_precheck(

@@ -6,8 +6,18 @@
 //!
 //! The reference is `idempotency_acquire` run on the record as it stands, in
 //! a transaction that is rolled back, right before the path answers.
+//!
+//! - `acquire`: the matrix of record states and fingerprints, compared by
+//!   decision.
+//! - `new_key`: a key nobody has used, on every path and as a group commit:
+//!   the whole answer (decision, lease, record) and the record read back
+//!   after it, compared with what `idempotency_acquire` answers and creates
+//!   (`shape` says which fields differ from path to path, and how they are
+//!   compared instead).
 
 mod acquire;
+mod new_key;
+mod shape;
 
 use std::fmt::Debug;
 use std::time::Duration;
@@ -188,6 +198,45 @@ async fn server(db: &TestDatabase, configure: impl FnOnce(&mut ServeConfig)) -> 
     config.sweep_interval = Duration::ZERO;
     configure(&mut config);
     start_server(config).await
+}
+
+/// The servers an Acquire can go through, on one database.
+struct Servers {
+    /// A pooled connection per call, no batches, no replay cache.
+    single: TestServer,
+    /// The defaults: shared connections, batches, replay cache on.
+    cached: TestServer,
+    /// Shared connections and batches, replay cache off.
+    uncached: TestServer,
+}
+
+impl Servers {
+    async fn start(db: &TestDatabase) -> Self {
+        Servers {
+            single: server(db, |c| {
+                c.store.shared_connections = 0;
+                c.store.replay_cache_bytes = 0;
+            })
+            .await,
+            cached: server(db, |_| {}).await,
+            uncached: server(db, |c| c.store.replay_cache_bytes = 0).await,
+        }
+    }
+
+    fn paths(&self) -> [(&'static str, &TestServer); 3] {
+        [
+            ("single call", &self.single),
+            ("replay cache on", &self.cached),
+            ("replay cache off", &self.uncached),
+        ]
+    }
+}
+
+/// A server whose calls of a kind run as one batch when they queue behind
+/// the gate (`helpers::gate`), installed on `sql`'s database.
+async fn gated_server(db: &TestDatabase, sql: &Client) -> TestServer {
+    install_gate(sql).await;
+    server(db, |c| c.store.shared_connections = 1).await
 }
 
 /// Answers compared with their reference, and the ones that disagree.
