@@ -1,21 +1,27 @@
-//! One rule for final answers, wherever it is applied: every path that can
-//! answer an Acquire (the single call, the batch's pre-check, the replay
-//! cache on and off, a waiting Acquire woken by a change) answers exactly
-//! what `idempotency_acquire` alone answers for the same record, over a
-//! matrix of record states and request fingerprints.
+//! The same calls get the same answers and leave the same records, whichever
+//! path they take: a single call on a pooled connection, a call alone on a
+//! shared connection with the replay cache on or off, a group commit (the
+//! batch's statement), a waiting Acquire woken by a change.
 //!
-//! The reference is `idempotency_acquire` run on the record as it stands, in
-//! a transaction that is rolled back, right before the path answers.
-//!
-//! - `acquire`: the matrix of record states and fingerprints, compared by
-//!   decision.
-//! - `new_key`: a key nobody has used, on every path and as a group commit:
+//! - `acquire`: one rule for final answers, wherever it is applied: every
+//!   path that can answer an Acquire answers exactly what
+//!   `idempotency_acquire` alone answers for the same record, over a matrix
+//!   of record states and request fingerprints. The reference is
+//!   `idempotency_acquire` run on the record as it stands, in a transaction
+//!   that is rolled back, right before the path answers.
+//! - `new_key`: a key nobody has used, on every path and in a group commit:
 //!   the whole answer (decision, lease, record) and the record read back
-//!   after it, compared with what `idempotency_acquire` answers and creates
-//!   (`shape` says which fields differ from path to path, and how they are
-//!   compared instead).
+//!   after it, compared with what `idempotency_acquire` answers and creates.
+//! - `complete`: Complete's outcomes and refusals, as a single call, alone
+//!   on a shared connection (replay cache on and off) and in a group commit:
+//!   the answer and the record read back after it, whole, compared with the
+//!   single call's.
+//!
+//! `shape` says which fields legitimately differ from path to path, and how
+//! they are compared instead.
 
 mod acquire;
+mod complete;
 mod new_key;
 mod shape;
 
@@ -200,7 +206,7 @@ async fn server(db: &TestDatabase, configure: impl FnOnce(&mut ServeConfig)) -> 
     start_server(config).await
 }
 
-/// The servers an Acquire can go through, on one database.
+/// The servers a call can go through, on one database.
 struct Servers {
     /// A pooled connection per call, no batches, no replay cache.
     single: TestServer,
