@@ -4,6 +4,7 @@
 
 use tokio_postgres::Client;
 
+use super::watch::Watcher;
 use super::{
     CREATED_WITH, FINGERPRINTS, STATES, Servers, State, Tally, WHERE_KEY, acquire_with,
     batch_precheck, create, name, put_in, reference, reference_in,
@@ -26,18 +27,21 @@ async fn check_the_batch_precheck(
     tally.compare(&case, "idempotency_acquire", &expected, &got);
 }
 
-/// Each server, on a record of its own in `state`.
+/// Each server, on a record of its own in `state`; returns a watcher of
+/// each record, started before the calls.
 async fn check_each_server(
     sql: &mut Client,
     servers: &Servers,
     tally: &mut Tally,
     state: State,
     fingerprint: &str,
-) {
+) -> Vec<Watcher> {
+    let mut watchers = Vec::new();
     for (path, server) in servers.paths() {
         let key = format!("{state:?}-{fingerprint}-{}", path.replace(' ', "-"));
         let token = create(&*sql, &key).await;
         put_in(&*sql, &key, token, state).await;
+        watchers.push(Watcher::start(server, &key).await);
         let mut client = server.client.clone();
         // First an Acquire with the record's own fingerprint, which a replay
         // cache remembers a SUCCEEDED record from; then the call compared,
@@ -59,6 +63,21 @@ async fn check_each_server(
             &expected,
             &name(answer.decision),
         );
+    }
+    watchers
+}
+
+/// What the watchers of one case's records saw through each server,
+/// compared with what the single call's watcher saw.
+async fn compare_the_watchers(tally: &mut Tally, case: &str, watchers: Vec<Watcher>) {
+    let mut watched = Vec::new();
+    for watcher in watchers {
+        watched.push(watcher.events().await);
+    }
+    let (reference, others) = watched.split_first().expect("a watcher per server");
+    for (path, seen) in Servers::NAMES.iter().skip(1).zip(others) {
+        let case = format!("{case} / {path}, watched");
+        tally.compare(&case, "a single call", reference, seen);
     }
 }
 
@@ -117,11 +136,18 @@ async fn every_path_answers_what_idempotency_acquire_answers() {
     let mut sql = db.connect().await;
     let servers = Servers::start(&db).await;
     let mut tally = Tally::default();
+    let mut watched = Vec::new();
     for state in STATES {
         for fingerprint in FINGERPRINTS {
             check_the_batch_precheck(&mut sql, &mut tally, state, fingerprint).await;
-            check_each_server(&mut sql, &servers, &mut tally, state, fingerprint).await;
+            let watchers =
+                check_each_server(&mut sql, &servers, &mut tally, state, fingerprint).await;
+            watched.push((format!("{state:?} / fingerprint {fingerprint:?}"), watchers));
         }
+    }
+    // Every watcher's stream has ended before any call waits.
+    for (case, watchers) in watched {
+        compare_the_watchers(&mut tally, &case, watchers).await;
     }
     for state in STATES {
         for fingerprint in FINGERPRINTS {

@@ -1,14 +1,16 @@
-//! Complete, alone or in a group commit: the same calls leave the same
-//! answer and the same record, whichever path the last Complete takes. The
-//! reference is a single call on a pooled connection; the other paths are
-//! a call alone on a shared connection (replay cache on and off) and a
-//! group commit, where every case's Complete runs in one statement.
+//! Complete, alone or in a group commit: the same calls get the same answer,
+//! leave the same record and show a watcher the same events, whichever path
+//! the last Complete takes. The reference is a single call on a pooled
+//! connection; the other paths are a call alone on a shared connection
+//! (replay cache on and off) and a group commit, where every case's
+//! Complete runs in one statement.
 
 use idempotency_coordinator::proto::{self, complete_request};
 use tokio_postgres::Client;
 use tonic::Code;
 
 use super::shape::Shape;
+use super::watch::{Watched, Watcher};
 use super::{Servers, Tally, WHERE_KEY, gated_server};
 use crate::helpers::*;
 
@@ -284,11 +286,13 @@ fn compared(case: &Case, prepared: &Prepared) -> proto::CompleteRequest {
 }
 
 /// What one path left: the Complete's answer (its record, or the refusal's
-/// code and reason) and the record Get reads after it.
+/// code and reason), the record Get reads after it, and what a watcher of
+/// the record saw from before the Complete on.
 #[derive(Debug, PartialEq)]
 struct Seen {
     answer: Result<Shape, (Code, String)>,
     read_back: Result<Shape, Code>,
+    watched: Watched,
 }
 
 impl Seen {
@@ -296,6 +300,7 @@ impl Seen {
         server: &TestServer,
         prepared: &Prepared,
         answer: Result<proto::CompleteResponse, tonic::Status>,
+        watcher: Watcher,
     ) -> Seen {
         let answer = match answer {
             Ok(response) => Ok(Shape::of(
@@ -311,7 +316,11 @@ impl Seen {
             )),
             Err(status) => Err(status.code()),
         };
-        Seen { answer, read_back }
+        Seen {
+            answer,
+            read_back,
+            watched: watcher.events().await,
+        }
     }
 
     /// The record's status after an accepted Complete, or the reason it
@@ -324,33 +333,55 @@ impl Seen {
     }
 }
 
-/// Every case on `server`, each Complete compared sent alone.
-async fn alone(server: &TestServer, sql: &Client, path: &str) -> Vec<Seen> {
+/// Every case prepared on `server`, on keys ending in `path`, each with a
+/// watcher of its record.
+async fn prepare_and_watch(
+    server: &TestServer,
+    sql: &Client,
+    path: &str,
+) -> Vec<(Prepared, Watcher)> {
     let mut prepared = Vec::new();
     for case in &CASES {
         let key = format!("{}-{path}", case.name).replace(' ', "-");
         prepared.push(prepare(server, sql, case, key).await);
     }
+    let mut watched = Vec::new();
+    for prepared in prepared {
+        let watcher = Watcher::start(server, &prepared.key).await;
+        watched.push((prepared, watcher));
+    }
+    watched
+}
+
+/// What each case left, once its watcher's stream has ended.
+async fn seen(
+    server: &TestServer,
+    prepared: Vec<(Prepared, Watcher)>,
+    answers: Vec<Result<proto::CompleteResponse, tonic::Status>>,
+) -> Vec<Seen> {
     let mut seen = Vec::new();
-    for (case, prepared) in CASES.iter().zip(&prepared) {
-        let mut client = server.client.clone();
-        let answer = client
-            .complete(compared(case, prepared))
-            .await
-            .map(tonic::Response::into_inner);
-        seen.push(Seen::of(server, prepared, answer).await);
+    for ((prepared, watcher), answer) in prepared.into_iter().zip(answers) {
+        seen.push(Seen::of(server, &prepared, answer, watcher).await);
     }
     seen
+}
+
+/// Every case on `server`, each Complete compared sent alone.
+async fn alone(server: &TestServer, sql: &Client, path: &str) -> Vec<Seen> {
+    let prepared = prepare_and_watch(server, sql, path).await;
+    let mut answers = Vec::new();
+    for (case, (prepared, _)) in CASES.iter().zip(&prepared) {
+        let mut client = server.client.clone();
+        let answer = client.complete(compared(case, prepared)).await;
+        answers.push(answer.map(tonic::Response::into_inner));
+    }
+    seen(server, prepared, answers).await
 }
 
 /// Every case on `gated`, the Completes compared queued together behind the
 /// gate and run as one statement.
 async fn group_commit(gated: &TestServer, sql: &Client) -> Vec<Seen> {
-    let mut prepared = Vec::new();
-    for case in &CASES {
-        let key = format!("{}-group-commit", case.name).replace(' ', "-");
-        prepared.push(prepare(gated, sql, case, key).await);
-    }
+    let prepared = prepare_and_watch(gated, sql, "group-commit").await;
     let mut client = gated.client.clone();
     let gate_token = token(&proceed(&mut client, acquire("s", "gate-complete")).await);
     shut_gate(sql).await;
@@ -369,7 +400,7 @@ async fn group_commit(gated: &TestServer, sql: &Client) -> Vec<Seen> {
         CASES
             .iter()
             .zip(&prepared)
-            .map(|(case, prepared)| {
+            .map(|(case, (prepared, _))| {
                 let mut client = gated.client.clone();
                 let request = compared(case, prepared);
                 tokio::spawn(async move { client.complete(request).await.map(|r| r.into_inner()) })
@@ -381,18 +412,14 @@ async fn group_commit(gated: &TestServer, sql: &Client) -> Vec<Seen> {
         .iter()
         .zip(&prepared)
         .filter(|(case, _)| case.writes())
-        .map(|(_, prepared)| prepared.key.clone())
+        .map(|(_, (prepared, _))| prepared.key.clone())
         .collect();
     assert_eq!(
         writers(sql, &written).await,
         1,
         "one statement wrote them all"
     );
-    let mut seen = Vec::new();
-    for (prepared, answer) in prepared.iter().zip(answers) {
-        seen.push(Seen::of(gated, prepared, answer).await);
-    }
-    seen
+    seen(gated, prepared, answers).await
 }
 
 #[tokio::test]
@@ -403,27 +430,23 @@ async fn complete_leaves_the_same_record_alone_or_in_a_group_commit() {
     let gated = gated_server(&db, &sql).await;
     let mut tally = Tally::default();
 
-    let reference = alone(&servers.single, &sql, "single-call").await;
+    // The paths side by side: each waits for its watchers' windows.
+    let (reference, cached, uncached, grouped) = tokio::join!(
+        alone(&servers.single, &sql, "single-call"),
+        alone(&servers.cached, &sql, "cached"),
+        alone(&servers.uncached, &sql, "uncached"),
+        group_commit(&gated, &sql),
+    );
     for (case, seen) in CASES.iter().zip(&reference) {
         let what = format!("{} / single call", case.name);
-        tally.compare(
-            &what,
-            "the contract",
-            &case.expect.to_owned(),
-            &seen.label(),
-        );
+        let expected = case.expect.to_owned();
+        tally.compare(&what, "the contract", &expected, &seen.label());
     }
-    let mut paths = vec![
-        (
-            "replay cache on",
-            alone(&servers.cached, &sql, "cached").await,
-        ),
-        (
-            "replay cache off",
-            alone(&servers.uncached, &sql, "uncached").await,
-        ),
+    let paths = [
+        ("replay cache on", cached),
+        ("replay cache off", uncached),
+        ("group commit", grouped),
     ];
-    paths.push(("group commit", group_commit(&gated, &sql).await));
     for (path, seen) in &paths {
         for ((case, expected), got) in CASES.iter().zip(&reference).zip(seen) {
             let what = format!("{} / {path}", case.name);

@@ -8,22 +8,24 @@
 //!   `idempotency_acquire` alone answers for the same record, over a matrix
 //!   of record states and request fingerprints. The reference is
 //!   `idempotency_acquire` run on the record as it stands, in a transaction
-//!   that is rolled back, right before the path answers.
+//!   that is rolled back, right before the path answers. A watcher of each
+//!   record sees the same events through each server.
 //! - `new_key`: a key nobody has used, on every path and in a group commit:
 //!   the whole answer (decision, lease, record) and the record read back
 //!   after it, compared with what `idempotency_acquire` answers and creates.
 //! - `complete`: Complete's outcomes and refusals, as a single call, alone
 //!   on a shared connection (replay cache on and off) and in a group commit:
-//!   the answer and the record read back after it, whole, compared with the
-//!   single call's.
+//!   the answer, the record read back after it and what a watcher of the
+//!   record saw, whole, compared with the single call's.
 //!
 //! `shape` says which fields legitimately differ from path to path, and how
-//! they are compared instead.
+//! they are compared instead; `watch` how a watcher's events are.
 
 mod acquire;
 mod complete;
 mod new_key;
 mod shape;
+mod watch;
 
 use std::fmt::Debug;
 use std::time::Duration;
@@ -94,13 +96,19 @@ async fn complete_in_sql(
 }
 
 /// Puts the PROCESSING record `key` (leased with `token`) into `state`.
+/// Times are set relative to the record's own (`updated_at`, or `now()` for
+/// both), so that every record put in a state has the same offsets.
 async fn put_in(db: &impl GenericClient, key: &str, token: uuid::Uuid, state: State) {
     let update = |set: &str| format!("UPDATE idempotency_keys SET {set} WHERE {WHERE_KEY}");
     match state {
         State::ProcessingLive => {
             // A new lease, so that a waiter on the old one sees a change.
             db.execute(
-                &update("lease_token = gen_random_uuid(), updated_at = now()"),
+                &update(
+                    "lease_token = gen_random_uuid(), updated_at = now(),
+                     lease_expires_at = now() + interval '1 minute',
+                     expires_at = now() + interval '1 hour'",
+                ),
                 &[&"s", &key],
             )
             .await
@@ -108,7 +116,10 @@ async fn put_in(db: &impl GenericClient, key: &str, token: uuid::Uuid, state: St
         }
         State::ProcessingExpired => {
             db.execute(
-                &update("lease_expires_at = now() - interval '1 minute', updated_at = now()"),
+                &update(
+                    "lease_expires_at = now() - interval '1 minute', updated_at = now(),
+                     expires_at = now() + interval '1 hour'",
+                ),
                 &[&"s", &key],
             )
             .await
@@ -118,8 +129,8 @@ async fn put_in(db: &impl GenericClient, key: &str, token: uuid::Uuid, state: St
         State::FailedDue | State::FailedNotDue => {
             complete_in_sql(db, key, token, "FAILURE", false).await;
             let due = match state {
-                State::FailedDue => "now() - interval '1 second'",
-                _ => "now() + interval '1 hour'",
+                State::FailedDue => "updated_at - interval '1 second'",
+                _ => "updated_at + interval '1 hour'",
             };
             db.execute(&update(&format!("next_retry_at = {due}")), &[&"s", &key])
                 .await
@@ -129,7 +140,7 @@ async fn put_in(db: &impl GenericClient, key: &str, token: uuid::Uuid, state: St
         State::Expired => {
             complete_in_sql(db, key, token, "SUCCESS", false).await;
             db.execute(
-                &update("expires_at = now() - interval '1 second'"),
+                &update("expires_at = updated_at - interval '1 second'"),
                 &[&"s", &key],
             )
             .await
@@ -229,11 +240,15 @@ impl Servers {
         }
     }
 
+    /// The paths' names, in the order of [`Servers::paths`].
+    const NAMES: [&'static str; 3] = ["single call", "replay cache on", "replay cache off"];
+
     fn paths(&self) -> [(&'static str, &TestServer); 3] {
+        let [single, cached, uncached] = Self::NAMES;
         [
-            ("single call", &self.single),
-            ("replay cache on", &self.cached),
-            ("replay cache off", &self.uncached),
+            (single, &self.single),
+            (cached, &self.cached),
+            (uncached, &self.uncached),
         ]
     }
 }
