@@ -56,7 +56,7 @@ async fn through(server: &TestServer, request: proto::AcquireRequest) -> (Answer
     let answer = client.acquire(request).await.unwrap().into_inner();
     let record = get_record(&mut client, get_req("s", &key)).await;
     let lease = answer.lease.as_ref().map_or(0, |l| l.fencing_token);
-    (Answer::of(&answer, 0), Shape::of(&record, lease))
+    (Answer::of(&answer), Shape::of(&record, lease))
 }
 
 /// The Acquires of a new key for each fingerprint, queued together behind
@@ -97,7 +97,7 @@ async fn group_commit(gated: &TestServer, sql: &Client) -> Vec<(Answer, Shape)> 
     for (key, answer) in keys.iter().zip(answers) {
         let record = get_record(&mut gated.client.clone(), get_req("s", key)).await;
         let lease = answer.lease.as_ref().map_or(0, |l| l.fencing_token);
-        seen.push((Answer::of(&answer, 0), Shape::of(&record, lease)));
+        seen.push((Answer::of(&answer), Shape::of(&record, lease)));
     }
     seen
 }

@@ -140,14 +140,14 @@ pub(super) struct Answer {
 
 impl Answer {
     /// A server's answer; the record's fencing token compared with the
-    /// lease's when it grants one, else with `fencing_base`.
-    pub(super) fn of(response: &proto::AcquireResponse, fencing_base: u64) -> Answer {
+    /// lease's when it grants one (else with its own).
+    pub(super) fn of(response: &proto::AcquireResponse) -> Answer {
         let record = response.record.as_ref();
         let updated = record.and_then(|r| r.updated_at.as_ref()).map(micros);
-        let base = response
-            .lease
-            .as_ref()
-            .map_or(fencing_base, |l| l.fencing_token);
+        let base = response.lease.as_ref().map_or_else(
+            || record.map_or(0, |r| r.fencing_token),
+            |l| l.fencing_token,
+        );
         Answer {
             decision: name(response.decision),
             retry_after_ms: response
