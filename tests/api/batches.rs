@@ -2,10 +2,9 @@
 //! commit; each caller still gets its own answer, and one failing call does
 //! not fail the others.
 //!
-//! To make batches form on demand, a test trigger holds the statement of a
-//! "gate" key on an advisory lock the test owns: while the server's one batch
-//! worker waits there, the next calls queue; releasing the lock lets them run
-//! as one batch.
+//! Batches form on demand behind the gate (`helpers::gate`): while the
+//! server's one batch worker waits there, the next calls queue; opening the
+//! gate lets them run as one batch.
 
 use std::time::Duration;
 
@@ -16,13 +15,13 @@ use tonic::Code;
 
 use crate::helpers::*;
 
-const GATE_LOCK: i64 = 4242;
-
 /// A server with one batch worker per kind, and the gate trigger installed.
 async fn gated_app() -> (TestApp, tokio_postgres::Client) {
     gated_app_with(|_| {}).await
 }
 
+/// The same, configured by `configure`; a key named `poison…` fails the
+/// statement that writes it.
 async fn gated_app_with(
     configure: impl FnOnce(&mut idempotency_coordinator::config::ServeConfig),
 ) -> (TestApp, tokio_postgres::Client) {
@@ -32,101 +31,21 @@ async fn gated_app_with(
     })
     .await;
     let db = app.db.connect().await;
-    db.batch_execute(&format!(
-        "CREATE FUNCTION test_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+    install_gate(&db).await;
+    db.batch_execute(
+        "CREATE FUNCTION test_poison() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
-             IF NEW.idempotency_key LIKE 'gate%' THEN
-                 PERFORM pg_advisory_xact_lock_shared({GATE_LOCK});
-             END IF;
              IF NEW.idempotency_key LIKE 'poison%' THEN
                  RAISE EXCEPTION 'this key is poisoned';
              END IF;
              RETURN NEW;
          END $$;
-         CREATE TRIGGER test_gate BEFORE INSERT OR UPDATE ON idempotency_keys
-             FOR EACH ROW EXECUTE FUNCTION test_gate();"
-    ))
+         CREATE TRIGGER test_poison BEFORE INSERT OR UPDATE ON idempotency_keys
+             FOR EACH ROW EXECUTE FUNCTION test_poison();",
+    )
     .await
-    .expect("install the gate trigger");
+    .expect("install the poison trigger");
     (app, db)
-}
-
-/// With the gate shut and `gate_call` started: once that call waits at the
-/// gate (keeping the one worker busy), starts `calls`, and opens the gate
-/// once all of them wait in the server's queue. Returns the calls' answers.
-async fn batched<T: Send + 'static>(
-    app: &TestApp,
-    db: &tokio_postgres::Client,
-    gate_call: JoinHandle<()>,
-    calls: impl FnOnce() -> Vec<JoinHandle<T>>,
-) -> Vec<T> {
-    until_gate_holds(db).await;
-    let calls = calls();
-    until_queued(app, calls.len()).await;
-    open_gate(db, gate_call).await;
-    let mut answers = Vec::new();
-    for call in calls {
-        answers.push(call.await.unwrap());
-    }
-    answers
-}
-
-/// Statements waiting at the gate.
-async fn at_the_gate(db: &tokio_postgres::Client) -> i64 {
-    db.query_one(
-        "SELECT count(*) FROM pg_stat_activity \
-         WHERE datname = current_database() AND wait_event = 'advisory'",
-        &[],
-    )
-    .await
-    .unwrap()
-    .get(0)
-}
-
-/// Until a statement waits at the gate.
-async fn until_gate_holds(db: &tokio_postgres::Client) {
-    eventually(
-        "a call to wait at the gate",
-        Duration::from_secs(10),
-        || async {
-            let waiting = at_the_gate(db).await;
-            (waiting > 0).then_some(())
-        },
-    )
-    .await;
-}
-
-/// Until `n` calls wait in the server's queue for a batch.
-async fn until_queued(app: &TestApp, n: usize) {
-    eventually("the calls to queue", Duration::from_secs(10), || async {
-        (app.store.queued_calls() == n).then_some(())
-    })
-    .await;
-}
-
-/// Lets the gate call through and waits for it.
-async fn open_gate(db: &tokio_postgres::Client, gate_call: JoinHandle<()>) {
-    db.execute("SELECT pg_advisory_unlock($1)", &[&GATE_LOCK])
-        .await
-        .unwrap();
-    gate_call.await.unwrap();
-}
-
-async fn shut_gate(db: &tokio_postgres::Client) {
-    db.execute("SELECT pg_advisory_lock($1)", &[&GATE_LOCK])
-        .await
-        .unwrap();
-}
-
-/// Transactions that last wrote the rows of these keys.
-async fn writers(db: &tokio_postgres::Client, keys: &[String]) -> i64 {
-    db.query_one(
-        "SELECT count(DISTINCT xmin::text) FROM idempotency_keys WHERE idempotency_key = ANY($1)",
-        &[&keys],
-    )
-    .await
-    .unwrap()
-    .get(0)
 }
 
 type AcquireCall = JoinHandle<Result<proto::AcquireResponse, tonic::Status>>;

@@ -1,12 +1,33 @@
-//! One rule for final answers, wherever it is applied: every path that can
-//! answer an Acquire (the single call, the batch's pre-check, the replay
-//! cache on and off, a waiting Acquire woken by a change) answers exactly
-//! what `idempotency_acquire` alone answers for the same record, over a
-//! matrix of record states and request fingerprints.
+//! The same calls get the same answers and leave the same records, whichever
+//! path they take: a single call on a pooled connection, a call alone on a
+//! shared connection with the replay cache on or off, a group commit (the
+//! batch's statement), a waiting Acquire woken by a change.
 //!
-//! The reference is `idempotency_acquire` run on the record as it stands, in
-//! a transaction that is rolled back, right before the path answers.
+//! - `acquire`: one rule for final answers, wherever it is applied: every
+//!   path that can answer an Acquire answers exactly what
+//!   `idempotency_acquire` alone answers for the same record, over a matrix
+//!   of record states and request fingerprints. The reference is
+//!   `idempotency_acquire` run on the record as it stands, in a transaction
+//!   that is rolled back, right before the path answers. A watcher of each
+//!   record sees the same events through each server.
+//! - `new_key`: a key nobody has used, on every path and in a group commit:
+//!   the whole answer (decision, lease, record) and the record read back
+//!   after it, compared with what `idempotency_acquire` answers and creates.
+//! - `complete`: Complete's outcomes and refusals, as a single call, alone
+//!   on a shared connection (replay cache on and off) and in a group commit:
+//!   the answer, the record read back after it and what a watcher of the
+//!   record saw, whole, compared with the single call's.
+//!
+//! `shape` says which fields legitimately differ from path to path, and how
+//! they are compared instead; `watch` how a watcher's events are.
 
+mod acquire;
+mod complete;
+mod new_key;
+mod shape;
+mod watch;
+
+use std::fmt::Debug;
 use std::time::Duration;
 
 use idempotency_coordinator::config::ServeConfig;
@@ -75,13 +96,19 @@ async fn complete_in_sql(
 }
 
 /// Puts the PROCESSING record `key` (leased with `token`) into `state`.
+/// Times are set relative to the record's own (`updated_at`, or `now()` for
+/// both), so that every record put in a state has the same offsets.
 async fn put_in(db: &impl GenericClient, key: &str, token: uuid::Uuid, state: State) {
     let update = |set: &str| format!("UPDATE idempotency_keys SET {set} WHERE {WHERE_KEY}");
     match state {
         State::ProcessingLive => {
             // A new lease, so that a waiter on the old one sees a change.
             db.execute(
-                &update("lease_token = gen_random_uuid(), updated_at = now()"),
+                &update(
+                    "lease_token = gen_random_uuid(), updated_at = now(),
+                     lease_expires_at = now() + interval '1 minute',
+                     expires_at = now() + interval '1 hour'",
+                ),
                 &[&"s", &key],
             )
             .await
@@ -89,7 +116,10 @@ async fn put_in(db: &impl GenericClient, key: &str, token: uuid::Uuid, state: St
         }
         State::ProcessingExpired => {
             db.execute(
-                &update("lease_expires_at = now() - interval '1 minute', updated_at = now()"),
+                &update(
+                    "lease_expires_at = now() - interval '1 minute', updated_at = now(),
+                     expires_at = now() + interval '1 hour'",
+                ),
                 &[&"s", &key],
             )
             .await
@@ -99,8 +129,8 @@ async fn put_in(db: &impl GenericClient, key: &str, token: uuid::Uuid, state: St
         State::FailedDue | State::FailedNotDue => {
             complete_in_sql(db, key, token, "FAILURE", false).await;
             let due = match state {
-                State::FailedDue => "now() - interval '1 second'",
-                _ => "now() + interval '1 hour'",
+                State::FailedDue => "updated_at - interval '1 second'",
+                _ => "updated_at + interval '1 hour'",
             };
             db.execute(&update(&format!("next_retry_at = {due}")), &[&"s", &key])
                 .await
@@ -110,7 +140,7 @@ async fn put_in(db: &impl GenericClient, key: &str, token: uuid::Uuid, state: St
         State::Expired => {
             complete_in_sql(db, key, token, "SUCCESS", false).await;
             db.execute(
-                &update("expires_at = now() - interval '1 second'"),
+                &update("expires_at = updated_at - interval '1 second'"),
                 &[&"s", &key],
             )
             .await
@@ -145,7 +175,7 @@ async fn reference(db: &mut Client, key: &str, fingerprint: &str) -> String {
 }
 
 /// The batch's answer for one call on `key`, leaving the record as it is.
-async fn batched(db: &mut Client, key: &str, fingerprint: &str) -> String {
+async fn batch_precheck(db: &mut Client, key: &str, fingerprint: &str) -> String {
     let tx = db.transaction().await.unwrap();
     let row = tx
         .query_one(
@@ -160,6 +190,7 @@ async fn batched(db: &mut Client, key: &str, fingerprint: &str) -> String {
     row.get(0)
 }
 
+/// A decision as `idempotency_acquire` names it.
 fn name(decision: i32) -> String {
     proto::Decision::try_from(decision)
         .expect("a known decision")
@@ -168,7 +199,8 @@ fn name(decision: i32) -> String {
         .to_owned()
 }
 
-fn with_fingerprint(key: &str, fingerprint: &str) -> proto::AcquireRequest {
+/// An Acquire of `key` in scope `s`, with `fingerprint` unless it is empty.
+fn acquire_with(key: &str, fingerprint: &str) -> proto::AcquireRequest {
     let mut request = acquire("s", key);
     if !fingerprint.is_empty() {
         request.request_fingerprint = Some(
@@ -185,163 +217,83 @@ async fn server(db: &TestDatabase, configure: impl FnOnce(&mut ServeConfig)) -> 
     start_server(config).await
 }
 
-#[tokio::test]
-async fn every_path_answers_what_idempotency_acquire_answers() {
-    let db = TestDatabase::create().await;
-    let mut sql = db.connect().await;
-    // A pooled connection per call, no batches, no replay cache.
-    let single = server(&db, |c| {
-        c.store.shared_connections = 0;
-        c.store.replay_cache_bytes = 0;
-    })
-    .await;
-    // The defaults: shared connections, batches, replay cache on.
-    let cached = server(&db, |_| {}).await;
-    // Shared connections and batches, replay cache off.
-    let uncached = server(&db, |c| c.store.replay_cache_bytes = 0).await;
-
-    let mut disagreements = Vec::new();
-    let mut checked = 0;
-    for state in STATES {
-        for fingerprint in FINGERPRINTS {
-            let case = format!("{state:?} / fingerprint {fingerprint:?}");
-            let mut agree = |path: &str, expected: &str, got: &str| {
-                checked += 1;
-                if expected != got {
-                    disagreements.push(format!(
-                        "{case} / {path}: idempotency_acquire answers {expected}, the path {got}"
-                    ));
-                }
-            };
-
-            // The batch's pre-check, straight in SQL.
-            let key = format!("{state:?}-{fingerprint}-batch");
-            let token = create(&sql, &key).await;
-            put_in(&sql, &key, token, state).await;
-            let expected = reference(&mut sql, &key, fingerprint).await;
-            agree(
-                "batch",
-                &expected,
-                &batched(&mut sql, &key, fingerprint).await,
-            );
-
-            // Through each server.
-            for (path, server) in [
-                ("single call", &single),
-                ("replay cache on", &cached),
-                ("replay cache off", &uncached),
-            ] {
-                let key = format!("{state:?}-{fingerprint}-{}", path.replace(' ', "-"));
-                let token = create(&sql, &key).await;
-                put_in(&sql, &key, token, state).await;
-                let mut client = server.client.clone();
-                // First an Acquire with the record's own fingerprint, which
-                // a replay cache remembers a SUCCEEDED record from; then the
-                // call compared, on the record as that left it.
-                client
-                    .acquire(with_fingerprint(&key, CREATED_WITH))
-                    .await
-                    .unwrap();
-                let expected = reference(&mut sql, &key, fingerprint).await;
-                let answer = client
-                    .acquire(with_fingerprint(&key, fingerprint))
-                    .await
-                    .unwrap()
-                    .into_inner();
-                agree(path, &expected, &name(answer.decision));
-            }
-        }
-    }
-
-    // A waiting Acquire, woken by a change of the record it waits on: the
-    // record moves into each state (and, for the fingerprint dimension,
-    // takes the fingerprint given) while the waiter is parked.
-    for state in STATES {
-        for fingerprint in FINGERPRINTS {
-            let case = format!("waiting / {state:?} / record fingerprint {fingerprint:?}");
-            let key = format!("{state:?}-{fingerprint}-waiting");
-            let token = create(&sql, &key).await;
-            let mut client = cached.client.clone();
-            let mut request = with_fingerprint(&key, CREATED_WITH);
-            request.wait = secs(3);
-            let waiter = tokio::spawn(async move { client.acquire(request).await });
-            until_parked(&cached, 1).await;
-            // One transaction, so that the waiter hears of the change (at
-            // commit) only once it is whole, and the reference is read
-            // before the waiter can act on it.
-            let mut tx = sql.transaction().await.unwrap();
-            put_in(&tx, &key, token, state).await;
-            tx.execute(
-                &format!("UPDATE idempotency_keys SET fingerprint = $3 WHERE {WHERE_KEY}"),
-                &[&"s", &key, &fingerprint],
-            )
-            .await
-            .unwrap();
-            let expected = {
-                let expected = reference_in(&mut tx, &key, CREATED_WITH).await;
-                tx.execute(
-                    &format!(
-                        "SELECT idempotency_notify_if_watched(k, now()) FROM idempotency_keys k WHERE {WHERE_KEY}"
-                    ),
-                    &[&"s", &key],
-                )
-                .await
-                .unwrap();
-                tx.commit().await.unwrap();
-                expected
-            };
-            let answer = waiter.await.unwrap().unwrap().into_inner();
-            checked += 1;
-            if expected != name(answer.decision) {
-                disagreements.push(format!(
-                    "{case}: idempotency_acquire answers {expected}, the waiter {}",
-                    name(answer.decision)
-                ));
-            }
-            until_waiters(&cached, 0).await;
-        }
-    }
-
-    println!("{checked} answers checked");
-    assert!(
-        disagreements.is_empty(),
-        "{} of {checked} answers disagree:\n{}",
-        disagreements.len(),
-        disagreements.join("\n")
-    );
+/// The servers a call can go through, on one database.
+struct Servers {
+    /// A pooled connection per call, no batches, no replay cache.
+    single: TestServer,
+    /// The defaults: shared connections, batches, replay cache on.
+    cached: TestServer,
+    /// Shared connections and batches, replay cache off.
+    uncached: TestServer,
 }
 
-#[tokio::test]
-async fn sql_cuts_error_texts_where_the_server_does() {
-    use idempotency_coordinator::domain::MAX_ERROR_CHARS;
-    let app = spawn_app().await;
-    let mut c = app.client.clone();
-    let granted = proceed(&mut c, acquire("s", "cut")).await;
-    // The server keeps MAX_ERROR_CHARS characters of a failure's text...
-    let long = "é".repeat(MAX_ERROR_CHARS + 500);
-    let record = c
-        .complete(complete("s", "cut", &token(&granted), failure(&long)))
-        .await
-        .unwrap()
-        .into_inner()
-        .record
-        .unwrap();
-    assert_eq!(record.last_error.chars().count(), MAX_ERROR_CHARS);
-    // ...and idempotency_acquire, writing its own text around that one when
-    // no attempt is left, keeps as many.
-    let sql = app.db.connect().await;
-    sql.execute(
-        &format!("UPDATE idempotency_keys SET attempt_count = max_attempts WHERE {WHERE_KEY}"),
-        &[&"s", &"cut"],
-    )
-    .await
-    .unwrap();
-    let exhausted = c.acquire(acquire("s", "cut")).await.unwrap().into_inner();
-    assert_eq!(name(exhausted.decision), "EXHAUSTED");
-    let last_error = exhausted.record.unwrap().last_error;
-    assert!(
-        last_error.starts_with("no attempts left"),
-        "{last_error:.40}"
-    );
-    assert_eq!(last_error.chars().count(), MAX_ERROR_CHARS);
+impl Servers {
+    async fn start(db: &TestDatabase) -> Self {
+        Servers {
+            single: server(db, |c| {
+                c.store.shared_connections = 0;
+                c.store.replay_cache_bytes = 0;
+            })
+            .await,
+            cached: server(db, |_| {}).await,
+            uncached: server(db, |c| c.store.replay_cache_bytes = 0).await,
+        }
+    }
+
+    /// The paths' names, in the order of [`Servers::paths`].
+    const NAMES: [&'static str; 3] = ["single call", "replay cache on", "replay cache off"];
+
+    fn paths(&self) -> [(&'static str, &TestServer); 3] {
+        let [single, cached, uncached] = Self::NAMES;
+        [
+            (single, &self.single),
+            (cached, &self.cached),
+            (uncached, &self.uncached),
+        ]
+    }
+}
+
+/// A server whose calls of a kind run as one batch when they queue behind
+/// the gate (`helpers::gate`), installed on `sql`'s database.
+async fn gated_server(db: &TestDatabase, sql: &Client) -> TestServer {
+    install_gate(sql).await;
+    server(db, |c| c.store.shared_connections = 1).await
+}
+
+/// Answers compared with their reference, and the ones that disagree.
+#[derive(Default)]
+struct Tally {
+    checked: usize,
+    disagreements: Vec<String>,
+}
+
+impl Tally {
+    /// Compares what `path` answered in `case` with what `reference`
+    /// answers.
+    fn compare<T: PartialEq + Debug>(
+        &mut self,
+        case: &str,
+        reference: &str,
+        expected: &T,
+        got: &T,
+    ) {
+        self.checked += 1;
+        if expected != got {
+            self.disagreements.push(format!(
+                "{case}: {reference} answers {expected:?}, this path {got:?}"
+            ));
+        }
+    }
+
+    /// Fails the test unless every answer agreed with its reference.
+    fn assert_all_agree(&self) {
+        println!("{} answers checked", self.checked);
+        assert!(
+            self.disagreements.is_empty(),
+            "{} of {} answers disagree:\n{}",
+            self.disagreements.len(),
+            self.checked,
+            self.disagreements.join("\n")
+        );
+    }
 }

@@ -183,29 +183,11 @@ async fn until_ready(addr: SocketAddr) {
 
 const COORDINATOR: &str = "idempotency.v1.Coordinator";
 
-#[tokio::test]
-async fn a_known_sequence_of_calls_shows_in_exact_counts() {
-    let db = TestDatabase::create().await;
-    let credentials = TokenFile::new(&format!("{TOKEN} tenant-a\n"));
-    let server = ServerProcess::start_with(
-        &db.url,
-        &[
-            "--auth-tokens",
-            credentials.path.to_str().unwrap(),
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--sweep-interval",
-            "0",
-            "--pool-size",
-            "5",
-        ],
-    )
-    .await;
-    let metrics = metrics_addr(&server);
-    // The replay cache answers once the listener has read the database's
-    // clock.
-    until_ready(metrics).await;
-
+/// The calls whose counts the scrape is held to: three leases, two
+/// successes, two replays (one from the database, one from the replay
+/// cache), an invalid Acquire, an unauthenticated one, and a Complete with
+/// a token that is no lease's.
+async fn make_the_known_calls(server: &ServerProcess) {
     let channel = Channel::from_shared(format!("http://{}", server.addr))
         .unwrap()
         .connect()
@@ -254,8 +236,10 @@ async fn a_known_sequence_of_calls_shows_in_exact_counts() {
         .await
         .unwrap_err();
     assert_eq!(reason(&err), "LEASE_LOST");
+}
 
-    let s = scrape(metrics).await;
+/// Calls by method and code, and their durations' counts.
+fn assert_rpc_counts(s: &Scrape) {
     let mut rpcs: Vec<(String, String, f64)> = s
         .series("idempotency_rpcs_total")
         .into_iter()
@@ -287,6 +271,11 @@ async fn a_known_sequence_of_calls_shows_in_exact_counts() {
             calls
         );
     }
+}
+
+/// Acquire decisions (no scope label unless asked for), takeovers and
+/// Complete refusals.
+fn assert_decisions_and_refusals(s: &Scrape) {
     for (decision, n) in [
         ("PROCEED", 3.0),
         ("ALREADY_DONE", 2.0),
@@ -319,6 +308,10 @@ async fn a_known_sequence_of_calls_shows_in_exact_counts() {
             n
         );
     }
+}
+
+/// The replay cache, the batches, the database's connections and errors.
+fn assert_cache_batches_and_database(s: &Scrape) {
     assert_eq!(
         s.get(
             "idempotency_replay_cache_lookups_total",
@@ -351,6 +344,11 @@ async fn a_known_sequence_of_calls_shows_in_exact_counts() {
         2.0
     );
     assert_eq!(s.get("idempotency_batch_queued_calls", &[]), 0.0);
+}
+
+/// Waiters, sweeps, the listener and the build; no credential or tenant in
+/// any label.
+fn assert_the_rest_of_the_process(s: &Scrape) {
     assert_eq!(s.get("idempotency_waiters", &[]), 0.0);
     for outcome in ["swept", "skipped", "failed"] {
         assert_eq!(
@@ -368,10 +366,11 @@ async fn a_known_sequence_of_calls_shows_in_exact_counts() {
         !s.text.contains(TOKEN) && !s.text.contains("tenant-a"),
         "no credential or tenant in a label"
     );
-    lint(&s);
+}
 
-    // Prometheus asks for OpenMetrics, and gets it; other paths are not
-    // metrics.
+/// Prometheus asks for OpenMetrics, and gets it; other paths are not
+/// metrics.
+async fn assert_openmetrics_on_request(metrics: SocketAddr) {
     let open = get(
         metrics,
         "/metrics",
@@ -390,6 +389,40 @@ async fn a_known_sequence_of_calls_shows_in_exact_counts() {
         "idempotency_rpcs_total{service=\"idempotency.v1.Coordinator\",method=\"Complete\",code=\"OK\"} 2\n"
     ));
     assert_eq!(get(metrics, "/", None).await.status(), 404);
+}
+
+#[tokio::test]
+async fn a_known_sequence_of_calls_shows_in_exact_counts() {
+    let db = TestDatabase::create().await;
+    let credentials = TokenFile::new(&format!("{TOKEN} tenant-a\n"));
+    let server = ServerProcess::start_with(
+        &db.url,
+        &[
+            "--auth-tokens",
+            credentials.path.to_str().unwrap(),
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--sweep-interval",
+            "0",
+            "--pool-size",
+            "5",
+        ],
+    )
+    .await;
+    let metrics = metrics_addr(&server);
+    // The replay cache answers once the listener has read the database's
+    // clock.
+    until_ready(metrics).await;
+
+    make_the_known_calls(&server).await;
+
+    let s = scrape(metrics).await;
+    assert_rpc_counts(&s);
+    assert_decisions_and_refusals(&s);
+    assert_cache_batches_and_database(&s);
+    assert_the_rest_of_the_process(&s);
+    lint(&s);
+    assert_openmetrics_on_request(metrics).await;
 }
 
 #[tokio::test]

@@ -3,6 +3,7 @@
 mod client;
 mod codec;
 mod error;
+mod lease;
 mod retry;
 mod run;
 
@@ -16,7 +17,8 @@ pub mod proto {
 pub use client::{Client, ClientOptions, ConnectError, TlsOptions, Transport, TransportError};
 pub use codec::{Codec, CodecError, Json, Raw};
 pub use error::{CallError, FieldViolation, RunOnceError, WorkError};
+pub use lease::Lease;
 pub use retry::Backoff;
-pub use run::{Done, Fingerprint, Heartbeat, Lease, RunOptions};
+pub use run::{Done, Fingerprint, Heartbeat, RunOptions};
 pub use tokio_util::sync::CancellationToken;
 pub use tonic::Code;

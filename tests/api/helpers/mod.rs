@@ -3,6 +3,7 @@
 mod auth;
 mod conditions;
 mod database;
+mod gate;
 mod health;
 mod pki;
 mod polling;
@@ -15,6 +16,7 @@ mod webhook;
 pub use auth::*;
 pub use conditions::*;
 pub use database::*;
+pub use gate::*;
 pub use health::*;
 pub use pki::*;
 pub use polling::*;
