@@ -20,7 +20,7 @@ const TOKEN: &str = "metrics-token-0123456789";
 type Labels = BTreeMap<String, String>;
 
 /// One scrape in the Prometheus text format: every sample line.
-struct Scrape {
+pub(crate) struct Scrape {
     text: String,
     samples: Vec<(String, Labels, f64)>,
 }
@@ -37,7 +37,7 @@ impl Scrape {
     }
 
     /// The value of the series `name` with exactly `labels`.
-    fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    pub(crate) fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         let wanted: Labels = labels
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -101,7 +101,7 @@ fn parse_sample(line: &str) -> Option<(String, Labels, f64)> {
 }
 
 /// Where `server` serves metrics, from its log.
-fn metrics_addr(server: &ServerProcess) -> SocketAddr {
+pub(crate) fn metrics_addr(server: &ServerProcess) -> SocketAddr {
     server
         .logs()
         .iter()
@@ -126,7 +126,7 @@ async fn get(addr: SocketAddr, path: &str, accept: Option<&str>) -> reqwest::Res
 }
 
 /// One scrape in the Prometheus text format (what curl gets).
-async fn scrape(addr: SocketAddr) -> Scrape {
+pub(crate) async fn scrape(addr: SocketAddr) -> Scrape {
     let response = get(addr, "/metrics", None).await;
     assert_eq!(response.status(), 200);
     let content_type = response.headers()["content-type"].to_str().unwrap();
@@ -168,7 +168,7 @@ fn lint(scrape: &Scrape) {
 
 /// Waits until the server is ready: its listener connected (which has read
 /// the database's clock) and the calls' connections answering.
-async fn until_ready(addr: SocketAddr) {
+pub(crate) async fn until_ready(addr: SocketAddr) {
     eventually(
         "the server to be ready",
         Duration::from_secs(30),

@@ -354,3 +354,61 @@ async fn the_workflow_routes_take_numeric_keys_and_ignore_fields_they_do_not_rea
         "{refused}"
     );
 }
+
+/// A `/complete` that carries no token reads the key's lease through
+/// admission, as a Get like any other call: counted, traced, held to the
+/// readiness gate. One that carries its token reads nothing.
+#[tokio::test]
+async fn a_tokenless_complete_reads_the_lease_as_a_counted_get() {
+    use crate::metrics::{metrics_addr, scrape, until_ready};
+    let db = TestDatabase::create().await;
+    let server = ServerProcess::start_with(
+        &db.url,
+        &[
+            "--http-listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--sweep-interval",
+            "0",
+        ],
+    )
+    .await;
+    let metrics = metrics_addr(&server);
+    until_ready(metrics).await;
+    let url = format!("http://{}", server.logged_addr("serving HTTP/JSON"));
+    let http = client();
+    let gets = |s: &crate::metrics::Scrape| {
+        let labels = [
+            ("service", "idempotency.v1.Coordinator"),
+            ("method", "Get"),
+            ("code", "OK"),
+        ];
+        s.value("idempotency_rpcs_total", &labels).unwrap_or(0.0)
+    };
+
+    let key = json!({"scope": "s", "idempotency_key": "no-token"});
+    let (status, _, answer) = post(&http, &format!("{url}/acquire"), &key).await;
+    assert_eq!((status, &answer["decision"]), (200, &json!("PROCEED")));
+    assert_eq!(gets(&scrape(metrics).await), 0.0);
+    let done = json!({"scope": "s", "idempotency_key": "no-token", "final_status": "DONE"});
+    let (status, _, answer) = post(&http, &format!("{url}/complete"), &done).await;
+    assert_eq!(
+        (status, &answer["record_status"]),
+        (200, &json!("DONE")),
+        "{answer}"
+    );
+    assert_eq!(gets(&scrape(metrics).await), 1.0);
+
+    let asks = json!({"scope": "s", "idempotency_key": "token", "return_lease_token": true});
+    let (_, _, answer) = post(&http, &format!("{url}/acquire"), &asks).await;
+    let token = answer["lease_token"]
+        .as_str()
+        .expect("asked for")
+        .to_owned();
+    let done = json!({"scope": "s", "idempotency_key": "token", "final_status": "DONE",
+                      "lease_token": token});
+    let (status, _, answer) = post(&http, &format!("{url}/complete"), &done).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(gets(&scrape(metrics).await), 1.0);
+}
