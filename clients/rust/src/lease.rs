@@ -9,9 +9,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client::Client;
 use crate::error::{CallError, RunOnceError, WorkError};
+use crate::options::{RunOptions, duration_to_proto};
 use crate::proto::ExtendLeaseRequest;
 use crate::retry::{Backoff, with_retries};
-use crate::run::{RunOptions, duration_to_proto};
 
 /// The lease the work runs under.
 ///

@@ -4,6 +4,7 @@ mod client;
 mod codec;
 mod error;
 mod lease;
+mod options;
 mod retry;
 mod run;
 
@@ -18,7 +19,8 @@ pub use client::{Client, ClientOptions, ConnectError, TlsOptions, Transport, Tra
 pub use codec::{Codec, CodecError, Json, Raw};
 pub use error::{CallError, FieldViolation, RunOnceError, WorkError};
 pub use lease::Lease;
+pub use options::{Heartbeat, RunOptions};
 pub use retry::Backoff;
-pub use run::{Done, Fingerprint, Heartbeat, RunOptions};
+pub use run::{Done, Fingerprint};
 pub use tokio_util::sync::CancellationToken;
 pub use tonic::Code;

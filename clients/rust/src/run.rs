@@ -11,11 +11,12 @@ use crate::client::Client;
 use crate::codec::{Codec, Json};
 use crate::error::{CallError, RunOnceError, WorkError};
 use crate::lease::{Lease, under_heartbeat};
+use crate::options::{Heartbeat, RunOptions, duration_to_proto};
 use crate::proto::{
     AcquireRequest, AcquireResponse, CompleteRequest, Decision, Failure, Record, Release, Success,
     acquire_request::RequestFingerprint, complete_request::Outcome,
 };
-use crate::retry::{Backoff, with_retries};
+use crate::retry::with_retries;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -52,61 +53,6 @@ impl Fingerprint {
     }
 }
 
-/// How often the lease is extended while the work runs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Heartbeat {
-    /// Every third of the lease TTL.
-    #[default]
-    Auto,
-    /// At this interval.
-    Every(Duration),
-    /// Never: the work must finish within the lease TTL.
-    Off,
-}
-
-/// Per-operation settings of [`Client::run_once`].
-#[derive(Debug, Clone)]
-pub struct RunOptions {
-    /// How long a lease lasts before another caller may take over, and
-    /// how far each heartbeat extends it: 60 s.
-    pub lease_ttl: Duration,
-    /// How long Acquire waits for another holder to finish before the
-    /// outcome is IN_PROGRESS: 10 s.
-    pub wait: Duration,
-    /// The heartbeat: every third of the TTL unless set.
-    pub heartbeat: Heartbeat,
-    /// How often a call that may be retried (UNAVAILABLE,
-    /// DEADLINE_EXCEEDED, SERVER_BUSY, TOO_MANY_WAITERS) is sent again: 5.
-    pub max_retries: u32,
-    /// Delays between those retries: 100 ms doubling to 2 s, jittered.
-    pub backoff: Backoff,
-    /// Attempts the record allows in all, fixed when it is created; 0 for
-    /// the server's default.
-    pub max_attempts: u32,
-    /// How long the record (and so its result) is kept; `None` for the
-    /// server's default.
-    pub retention: Option<Duration>,
-    /// The Acquire's request id; `None` for a fresh one per `run_once`.
-    /// Set it to the same value across process restarts to get back a lease
-    /// granted to a call whose reply was lost.
-    pub request_id: Option<String>,
-}
-
-impl Default for RunOptions {
-    fn default() -> Self {
-        RunOptions {
-            lease_ttl: Duration::from_secs(60),
-            wait: Duration::from_secs(10),
-            heartbeat: Heartbeat::Auto,
-            max_retries: 5,
-            backoff: Backoff::default(),
-            max_attempts: 0,
-            retention: None,
-            request_id: None,
-        }
-    }
-}
-
 /// The value `run_once` produced, or the one stored by an earlier run.
 #[derive(Debug, Clone)]
 pub struct Done<T> {
@@ -116,13 +62,6 @@ pub struct Done<T> {
     pub replayed: bool,
     /// The record as it stands.
     pub record: Record,
-}
-
-pub(crate) fn duration_to_proto(d: Duration) -> prost_types::Duration {
-    prost_types::Duration {
-        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
-        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
-    }
 }
 
 fn duration_from_proto(d: Option<prost_types::Duration>) -> Option<Duration> {
