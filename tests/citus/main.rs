@@ -3,6 +3,8 @@
 //! records spread over the workers. Skipped, loudly, where Citus is not
 //! installed (`bash .ci/citus` installs it); CI fails instead.
 
+mod app;
+mod calls;
 mod cluster;
 mod harness;
 // The request builders and readers of the API tests; this binary uses
@@ -10,3 +12,5 @@ mod harness;
 #[allow(dead_code, unused_imports)]
 #[path = "../api/helpers/mod.rs"]
 mod helpers;
+mod migrations;
+mod waiting;
