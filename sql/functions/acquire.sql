@@ -49,11 +49,18 @@ $$;
 -- lease's token and fencing token are drawn into variables before the UPDATE
 -- that stores them, and so is the exhausted record's message, because a
 -- distributed table refuses volatile functions, and non-immutable ones
--- inside CASE, in an UPDATE. The fencing token is greatest(the row's last +
--- 1, nextval): nextval alone today, since every token comes from the one
--- sequence idempotency_fencing, but it keeps a live record's tokens growing
--- if they ever come from more than one sequence (a record created anew
--- takes nextval alone).
+-- inside CASE, in an UPDATE.
+--
+-- Fencing tokens: greatest(the row's last + 1, nextval('idempotency_fencing')).
+-- On one PostgreSQL that is nextval, one sequence for every key. On Citus
+-- each node's copy of the sequence draws from its own range (node group g
+-- from g * 2^48 + 1) and this function runs on the node holding the key's
+-- row, so a key's tokens come from one range and grow; the greatest() keeps
+-- a live record's tokens strictly growing even when a token comes from
+-- another node's range (a call the coordinator ran itself, a shard moved
+-- to a node of a lower group). A record created anew (none, or deleted by
+-- the sweeper) takes nextval alone: greater than its earlier life's tokens
+-- as long as its shard stayed on its node (docs/scaling.md).
 CREATE OR REPLACE FUNCTION idempotency_acquire(
     p_tenant          text,
     p_scope           text,

@@ -96,7 +96,8 @@ enum Attempt {
     Fatal(StartupError),
 }
 
-/// Connects once, and migrates when asked.
+/// Connects once, migrates when asked, and learns whether the database is
+/// a Citus coordinator.
 async fn attempt_database(
     store: &Store,
     pg: &tokio_postgres::Config,
@@ -105,9 +106,18 @@ async fn attempt_database(
     store::connect_error::probe(pg, DATABASE_ATTEMPT_LIMIT)
         .await
         .map_err(|e| Attempt::Retry(Box::new(e)))?;
-    if !migrate {
-        return Ok(());
+    if migrate {
+        migrate_database(store).await?;
     }
+    store.inspect().await.map_err(|e| match e {
+        StoreError::Unavailable(e) => Attempt::Retry(e),
+        other => Attempt::Fatal(StartupError::Database(other)),
+    })?;
+    Ok(())
+}
+
+/// Applies what the database lacks (`store::migrate`).
+async fn migrate_database(store: &Store) -> Result<(), Attempt> {
     match store.migrate().await {
         Ok(applied) if applied.is_empty() => tracing::info!("database schema is current"),
         Ok(applied) => tracing::info!(?applied, "applied migrations"),

@@ -3,12 +3,16 @@
 //! batch (`idempotency_acquire_batch`, `idempotency_complete_batch`). The
 //! arguments are bound in one place for both forms.
 //!
-//! Every statement ends with `(SELECT idempotency_in_time(deadline, offset))`
-//! in its select list: evaluated once, with the first of the function's rows
-//! (the function has run to its end by then) and before the commit, it rolls
-//! the statement back if it finishes after the coordinator stopped waiting
-//! for it (`sql/functions/deadline.sql`). A subquery, so that it runs
-//! once per statement rather than once per row of a batch.
+//! Every statement ends with `idempotency_in_time(deadline, offset)` in its
+//! select list: evaluated with the function's rows (the function has run to
+//! its end by then) and before the commit, it rolls the statement back if
+//! it finishes after the coordinator stopped waiting for it
+//! (`sql/functions/deadline.sql`). In a batch's statement it is a subquery
+//! (`(SELECT idempotency_in_time(...))`), so that it runs once per
+//! statement rather than once per row. A single call returns one row, so
+//! there it is called directly: Citus delegates the statement whole to the
+//! node holding the key with the check in it, which it cannot do for the
+//! subquery (it sends that as a parameter the node does not have).
 
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
@@ -23,14 +27,14 @@ use crate::domain::{AcquireCommand, Backoff, CompleteCommand, Outcome};
 /// `idempotency_acquire`, its ten arguments bound in `AcquireCall::params`'s
 /// order, then the deadline (`$11`, a `timestamptz` or NULL).
 pub const ACQUIRE: &str = "SELECT a.decision, a.retry_after_ms, (a.rec).*, \
-     (SELECT idempotency_in_time($11, $10)) AS in_time \
+     idempotency_in_time($11, $10) AS in_time \
      FROM idempotency_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) a";
 const ACQUIRE_BATCH: &str = "SELECT b.ord, b.decision, b.retry_after_ms, (b.rec).*, \
      (SELECT idempotency_in_time($11, $10)) AS in_time \
      FROM idempotency_acquire_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) b";
 /// `idempotency_complete`, its fifteen arguments bound in
 /// `CompleteCall::params`'s order, then the deadline (`$16`).
-pub const COMPLETE: &str = "SELECT c.outcome, (c.rec).*, (SELECT idempotency_in_time($16, $15)) AS in_time \
+pub const COMPLETE: &str = "SELECT c.outcome, (c.rec).*, idempotency_in_time($16, $15) AS in_time \
      FROM idempotency_complete($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) c";
 const COMPLETE_BATCH: &str = "SELECT b.ord, b.outcome, (b.rec).*, (SELECT idempotency_in_time($16, $15)) AS in_time \
      FROM idempotency_complete_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) b";

@@ -4,6 +4,10 @@
 //! prepared once per connection), which also shows that the database
 //! answers and gives [`Clock`] the skew between its clock and this host's.
 //!
+//! On a Citus coordinator it also listens on every other node of the
+//! cluster, where the delegated functions run and notify; a lost session
+//! on any node counts as the listener down.
+//!
 //! Its errors are tokio-postgres errors, whose text carries their cause.
 //!
 //! It knows nothing of who waits: notifications go to the `on_change`
@@ -16,6 +20,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio_postgres::{AsyncMessage, NoTls};
 use tokio_util::sync::CancellationToken;
 
@@ -188,7 +193,7 @@ async fn listen_once(
     on_change: &Arc<dyn Fn(Change) + Send + Sync>,
 ) -> (String, Ended) {
     let connect = tokio::time::timeout(connect_within, pg.connect(NoTls)).await;
-    let (client, mut connection) = match connect {
+    let (client, connection) = match connect {
         Ok(Ok(pair)) => pair,
         Ok(Err(e)) => {
             return (
@@ -203,24 +208,7 @@ async fn listen_once(
             );
         }
     };
-    let on_change = Arc::clone(on_change);
-    let driver = tokio::spawn(async move {
-        loop {
-            match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
-                Some(Ok(AsyncMessage::Notification(n))) => {
-                    match Change::parse(n.channel(), n.payload()) {
-                        Some(change) => on_change(change),
-                        None => tracing::warn!(
-                            channel = n.channel(),
-                            "ignoring a malformed notification"
-                        ),
-                    }
-                }
-                Some(Ok(_)) => {}
-                Some(Err(_)) | None => return,
-            }
-        }
-    });
+    let driver = deliver(connection, Arc::clone(on_change));
     if let Err(e) = client
         .batch_execute(&format!("LISTEN {CHANGES}; LISTEN {DUE}"))
         .await
@@ -228,6 +216,13 @@ async fn listen_once(
         driver.abort();
         return (format!("LISTEN failed: {}", e), Ended::NeverListened);
     }
+    let nodes = match listen_on_other_nodes(pg, &client, connect_within, on_change).await {
+        Ok(nodes) => nodes,
+        Err(why) => {
+            driver.abort();
+            return (why, Ended::NeverListened);
+        }
+    };
     let read = match client.prepare("SELECT clock_timestamp()").await {
         Ok(read) => read,
         Err(e) => {
@@ -260,9 +255,133 @@ async fn listen_once(
                 );
             }
         }
+        if let Some(why) = check_nodes(&nodes, interval).await {
+            break (why, Ended::Failed);
+        }
     };
     driver.abort();
+    for node in nodes {
+        node.driver.abort();
+    }
     ended
+}
+
+/// Hands every notification `connection` receives to `on_change`, until
+/// the connection ends (then the task ends).
+fn deliver(
+    mut connection: tokio_postgres::Connection<
+        tokio_postgres::Socket,
+        tokio_postgres::tls::NoTlsStream,
+    >,
+    on_change: Arc<dyn Fn(Change) + Send + Sync>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                Some(Ok(AsyncMessage::Notification(n))) => {
+                    match Change::parse(n.channel(), n.payload()) {
+                        Some(change) => on_change(change),
+                        None => tracing::warn!(
+                            channel = n.channel(),
+                            "ignoring a malformed notification"
+                        ),
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => return,
+            }
+        }
+    })
+}
+
+/// A LISTEN session on another node of a Citus cluster.
+struct NodeSession {
+    /// host:port, for messages.
+    name: String,
+    client: tokio_postgres::Client,
+    driver: JoinHandle<()>,
+}
+
+/// On a Citus coordinator, a LISTEN session on each other node of the
+/// cluster (`pg_dist_node`): the functions run on the node that holds the
+/// key's row, and a NOTIFY reaches only that node's listeners. Nothing on
+/// plain PostgreSQL. Nodes added later are listened to from the next
+/// session on (a lost session on any node starts a new one on all).
+async fn listen_on_other_nodes(
+    pg: &tokio_postgres::Config,
+    client: &tokio_postgres::Client,
+    connect_within: Duration,
+    on_change: &Arc<dyn Fn(Change) + Send + Sync>,
+) -> Result<Vec<NodeSession>, String> {
+    let nodes = match super::citus::present(client).await {
+        Ok(true) => super::citus::other_nodes(client).await,
+        Ok(false) => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+    .map_err(|e| format!("reading the Citus nodes failed: {e}"))?;
+    let mut sessions: Vec<NodeSession> = Vec::with_capacity(nodes.len());
+    for (host, port) in nodes {
+        let name = format!("{host}:{port}");
+        let node_pg = super::citus::node_config(pg, &host, port);
+        let listened = async {
+            let (node, connection) = node_pg
+                .connect(NoTls)
+                .await
+                .map_err(|e| ConnectError::connecting(&node_pg, &e).to_string())?;
+            let driver = deliver(connection, Arc::clone(on_change));
+            match node
+                .batch_execute(&format!("LISTEN {CHANGES}; LISTEN {DUE}"))
+                .await
+            {
+                Ok(()) => Ok((node, driver)),
+                Err(e) => {
+                    driver.abort();
+                    Err(format!("LISTEN on node {name} failed: {e}"))
+                }
+            }
+        };
+        let outcome = match tokio::time::timeout(connect_within, listened).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(format!(
+                "connecting to node {name} took longer than {connect_within:?}"
+            )),
+        };
+        match outcome {
+            Ok((client, driver)) => sessions.push(NodeSession {
+                name,
+                client,
+                driver,
+            }),
+            Err(why) => {
+                for session in sessions {
+                    session.driver.abort();
+                }
+                return Err(why);
+            }
+        }
+    }
+    Ok(sessions)
+}
+
+/// Why one of the other nodes' sessions is lost, if one is: it ended, or
+/// did not answer within `interval`.
+async fn check_nodes(nodes: &[NodeSession], interval: Duration) -> Option<String> {
+    for node in nodes {
+        let answered = tokio::time::timeout(interval, node.client.simple_query("")).await;
+        match answered {
+            Ok(Ok(_)) if !node.driver.is_finished() => {}
+            Ok(Ok(_)) | Ok(Err(_)) => {
+                return Some(format!("the session on node {} ended", node.name));
+            }
+            Err(_) => {
+                return Some(format!(
+                    "the session on node {} took longer than {interval:?} to answer",
+                    node.name
+                ));
+            }
+        }
+    }
+    None
 }
 
 #[cfg(test)]

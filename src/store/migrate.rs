@@ -38,6 +38,13 @@
 //! baseline's schema, its rows are replaced by the baseline's, and the
 //! function files are applied as on a fresh database.
 //!
+//! On a Citus coordinator (the database has the `citus` extension), each
+//! migration also distributes `idempotency_keys` by `idempotency_key` after
+//! the numbered migrations and delegates the single-key functions to the
+//! node holding their key after the function files (`sql/citus/`, see
+//! [`super::citus`]); both do nothing when already done. Plain PostgreSQL
+//! gets exactly the above.
+//!
 //! Several replicas may start at the same moment: all of them run this, and a
 //! transaction-level advisory lock makes them take turns, so the first applies
 //! what is missing and the others find nothing left to do. A transaction-level
@@ -48,7 +55,7 @@
 use sha2::{Digest, Sha256};
 use tokio_postgres::{Client, Transaction};
 
-use super::{CallTime, Store, StoreError};
+use super::{CallTime, Store, StoreError, citus};
 
 /// One numbered schema migration.
 pub struct Migration {
@@ -262,6 +269,16 @@ pub async fn migrate(client: &mut Client) -> Result<Applied, MigrateError> {
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await?;
+    // On a Citus coordinator the table is distributed after the numbered
+    // migrations and the single-key functions delegated after the function
+    // files (`sql/citus/`), at every migration, so that a function file
+    // applied again leaves them delegated. Citus creates objects on the
+    // workers within this transaction only over one connection per node.
+    let citus = citus::present(&tx).await?;
+    if citus {
+        tx.batch_execute("SET LOCAL citus.multi_shard_modify_mode = 'sequential'")
+            .await?;
+    }
     // Quiet: PostgreSQL's NOTICE that a table already exists would reach
     // the log at every start.
     tx.batch_execute(
@@ -284,7 +301,13 @@ pub async fn migrate(client: &mut Client) -> Result<Applied, MigrateError> {
         ..Applied::default()
     };
     applied.migrations = apply_migrations(&tx).await?;
+    if citus {
+        tx.batch_execute(citus::DISTRIBUTE_TABLE).await?;
+    }
     applied.functions = apply_functions(&tx).await?;
+    if citus {
+        tx.batch_execute(citus::DELEGATE_FUNCTIONS).await?;
+    }
     tx.commit().await?;
     Ok(applied)
 }

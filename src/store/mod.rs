@@ -24,6 +24,8 @@
 //! - `listener`: the LISTEN connection and the database's clock;
 //! - `probe`: whether the connections calls use answer (readiness), and
 //!   replacing one that silently stopped;
+//! - [`citus`]: a Citus coordinator recognised, what migrating it adds,
+//!   and its other nodes (for the listener);
 //! - `migrate`: applying `sql/`: the numbered schema migrations once each,
 //!   then every function file that changed;
 //! - [`connect_error`]: why a connection failed, in one sentence naming
@@ -32,6 +34,7 @@
 
 mod batch;
 mod calls;
+pub mod citus;
 mod clock;
 pub mod connect_error;
 mod error;
@@ -47,6 +50,7 @@ mod run;
 mod setup;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
@@ -136,6 +140,9 @@ pub struct Store {
     replays: Option<Arc<Replays>>,
     /// Where connections go, for the messages of failed ones.
     target: Arc<ConnectTarget>,
+    /// The database is a Citus coordinator (`citus`): Acquires and
+    /// Completes run alone, never batched. Learnt at start.
+    distributed: Arc<AtomicBool>,
 }
 
 // Each ends with the deadline check that `calls` explains.
@@ -149,6 +156,42 @@ const WATCH: &str = "SELECT w.*, idempotency_in_time($6, $5) AS in_time \
 impl Store {
     pub fn clock(&self) -> &Clock {
         &self.clock
+    }
+
+    /// The batch queues, unless batching is off or the database is a
+    /// Citus coordinator, where a batch would span keys on several nodes
+    /// and each call runs alone on the node of its key instead.
+    fn batches(&self) -> Option<&Batches> {
+        self.batches
+            .as_deref()
+            .filter(|_| !self.distributed.load(Ordering::Relaxed))
+    }
+
+    /// Whether the database is a Citus coordinator, as [`Store::inspect`]
+    /// found it.
+    pub fn distributed(&self) -> bool {
+        self.distributed.load(Ordering::Relaxed)
+    }
+
+    /// Finds out whether the database is a Citus coordinator and says
+    /// which it found in one log line; on Citus, Acquires and Completes
+    /// run alone from now on (see [`citus`]).
+    pub async fn inspect(&self) -> Result<bool, StoreError> {
+        let client = self.connection(CallTime::default()).await?;
+        let found = citus::present(&**client).await?;
+        self.distributed.store(found, Ordering::Relaxed);
+        if found {
+            let nodes = citus::other_nodes(&**client).await?;
+            tracing::info!(
+                other_nodes = nodes.len(),
+                "database is a Citus coordinator: records distributed by key, \
+                 single-key calls delegated to the node holding the key, \
+                 Acquires and Completes sent alone (no group commit)"
+            );
+        } else {
+            tracing::info!("database is plain PostgreSQL");
+        }
+        Ok(found)
     }
 
     /// Acquires and Completes waiting for a batch to carry them.
@@ -197,7 +240,7 @@ impl Store {
             return Ok(answer);
         }
         let call = AcquireCall::new(cmd, watch)?;
-        let batch = self.batches.as_ref().map(|b| &b.acquire);
+        let batch = self.batches().map(|b| &b.acquire);
         let row = self
             .run_call(call, batch, time)
             .await?
@@ -229,7 +272,7 @@ impl Store {
         time: CallTime,
     ) -> Result<Record, StoreError> {
         let call = CompleteCall::new(cmd, backoff);
-        let batch = self.batches.as_ref().map(|b| &b.complete);
+        let batch = self.batches().map(|b| &b.complete);
         let row = self.run_call(call, batch, time).await?;
         record_unless_refused(row)
     }

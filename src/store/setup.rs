@@ -126,6 +126,7 @@ impl Store {
             batches,
             replays: Replays::new(config.replay_cache_bytes).map(Arc::new),
             target,
+            distributed: Arc::default(),
         })
     }
 }

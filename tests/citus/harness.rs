@@ -1,0 +1,289 @@
+//! A Citus cluster for the tests: a coordinator and two workers, each a
+//! PostgreSQL 15 of its own in a temporary directory, on free local ports,
+//! started once per test process and stopped (its directories removed)
+//! when the process exits. Each test gets a fresh database on every node,
+//! with the `citus` extension and the workers added.
+//!
+//! Citus must be installed into the machine's PostgreSQL 15 (`bash
+//! .ci/citus`). Without it the tests are skipped with a message, or fail
+//! when `CI` is set. PostgreSQL refuses to run as root: then the nodes run
+//! as `nobody`, as the embedded PostgreSQL does (`src/embedded.rs`).
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+const BIN: &str = "/usr/lib/postgresql/15/bin";
+const CITUS_SO: &str = "/usr/lib/postgresql/15/lib/citus.so";
+
+/// The running cluster's nodes: the coordinator first, then the workers.
+pub struct Cluster {
+    root: PathBuf,
+    pub ports: [u16; 3],
+}
+
+static CLUSTER: OnceLock<Option<Cluster>> = OnceLock::new();
+
+/// The cluster, started on first use; `None` when Citus is not installed
+/// and `CI` is not set (the caller skips its test).
+pub fn cluster() -> Option<&'static Cluster> {
+    CLUSTER
+        .get_or_init(|| {
+            if !Path::new(CITUS_SO).exists() {
+                if std::env::var_os("CI").is_some() {
+                    panic!("Citus is not installed ({CITUS_SO} is missing): run `bash .ci/citus`");
+                }
+                eprintln!(
+                    "\n*** SKIPPED: Citus is not installed ({CITUS_SO} is missing); \
+                     run `bash .ci/citus` to run the Citus tests ***\n"
+                );
+                return None;
+            }
+            let cluster = Cluster::start();
+            // SAFETY: registers a plain function without arguments.
+            unsafe { libc::atexit(stop_at_exit) };
+            Some(cluster)
+        })
+        .as_ref()
+}
+
+extern "C" fn stop_at_exit() {
+    if let Some(Some(cluster)) = CLUSTER.get() {
+        cluster.stop();
+    }
+}
+
+/// The user the nodes run as: `nobody` when this process is root.
+fn owner() -> Option<(u32, u32)> {
+    // SAFETY: geteuid cannot fail; getpwnam reads a static name and its
+    // record is read at once.
+    unsafe {
+        if libc::geteuid() != 0 {
+            return None;
+        }
+        let entry = libc::getpwnam(c"nobody".as_ptr());
+        assert!(!entry.is_null(), "running as root needs the user `nobody`");
+        Some(((*entry).pw_uid, (*entry).pw_gid))
+    }
+}
+
+fn run(name: &str, args: &[&str], dir: &Path) {
+    let mut command = Command::new(Path::new(BIN).join(name));
+    command
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    if let Some((uid, gid)) = owner() {
+        command.uid(uid).gid(gid).env("HOME", "/");
+    }
+    let output = command.output().unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert!(
+        output.status.success(),
+        "{name} {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A port nothing listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let root = std::env::temp_dir().join(format!("idem-citus-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&root).expect("cluster dir");
+        if let Some((uid, gid)) = owner() {
+            std::os::unix::fs::chown(&root, Some(uid), Some(gid)).expect("chown cluster dir");
+        }
+        let ports = [free_port(), free_port(), free_port()];
+        let cluster = Cluster { root, ports };
+        for port in ports {
+            cluster.start_node(port);
+        }
+        cluster
+    }
+
+    fn data_dir(&self, port: u16) -> PathBuf {
+        self.root.join(format!("node-{port}"))
+    }
+
+    fn start_node(&self, port: u16) {
+        let data = self.data_dir(port);
+        let data_arg = data.to_str().expect("utf-8 path");
+        run(
+            "initdb",
+            &[
+                "--pgdata",
+                data_arg,
+                "--username=postgres",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--locale=C",
+                "--no-sync",
+            ],
+            &self.root,
+        );
+        let settings = format!(
+            "\nport = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
+             shared_preload_libraries = 'citus'\nmax_prepared_transactions = 100\n\
+             max_connections = 200\nfsync = off\nsynchronous_commit = off\n\
+             full_page_writes = off\nshared_buffers = 32MB\n\
+             citus.node_conninfo = 'sslmode=disable'\n",
+            data_arg
+        );
+        let conf = data.join("postgresql.conf");
+        let mut text = std::fs::read_to_string(&conf).expect("read postgresql.conf");
+        text.push_str(&settings);
+        std::fs::write(&conf, text).expect("write postgresql.conf");
+        let log = data.join("postgres.log");
+        run(
+            "pg_ctl",
+            &[
+                "--pgdata",
+                data_arg,
+                "--log",
+                log.to_str().expect("utf-8 path"),
+                "--wait",
+                "--timeout=120",
+                "start",
+            ],
+            &self.root,
+        );
+    }
+
+    fn stop(&self) {
+        for port in self.ports {
+            let data = self.data_dir(port);
+            let mut command = Command::new(Path::new(BIN).join("pg_ctl"));
+            command
+                .arg("--pgdata")
+                .arg(&data)
+                .args(["--mode=immediate", "--wait", "stop"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            if let Some((uid, gid)) = owner() {
+                command.uid(uid).gid(gid).env("HOME", "/");
+            }
+            let _ = command.status();
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+
+    pub fn url(&self, port: u16, database: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{port}/{database}")
+    }
+
+    pub fn coordinator(&self) -> u16 {
+        self.ports[0]
+    }
+
+    pub fn workers(&self) -> [u16; 2] {
+        [self.ports[1], self.ports[2]]
+    }
+}
+
+pub async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"));
+    tokio::spawn(connection);
+    client
+}
+
+/// A database of one test on every node of the cluster, Citus set up in
+/// it; dropped on every node when the test ends.
+pub struct CitusDatabase {
+    pub cluster: &'static Cluster,
+    pub name: String,
+    /// The coordinator's database: what the server is given.
+    pub url: String,
+}
+
+impl CitusDatabase {
+    /// `None` when the cluster is skipped (see [`cluster`]).
+    pub async fn create() -> Option<CitusDatabase> {
+        let cluster = cluster()?;
+        let name = format!("idem_citus_{}", uuid::Uuid::new_v4().simple());
+        for port in cluster.ports {
+            connect(&cluster.url(port, "postgres"))
+                .await
+                .batch_execute(&format!("CREATE DATABASE {name}"))
+                .await
+                .expect("create database");
+            connect(&cluster.url(port, &name))
+                .await
+                .batch_execute("SET client_min_messages = warning; CREATE EXTENSION citus")
+                .await
+                .expect("create extension citus");
+        }
+        let db = CitusDatabase {
+            cluster,
+            url: cluster.url(cluster.coordinator(), &name),
+            name,
+        };
+        let coordinator = db.connect().await;
+        coordinator
+            .execute(
+                "SELECT citus_set_coordinator_host('127.0.0.1', $1)",
+                &[&i32::from(cluster.coordinator())],
+            )
+            .await
+            .expect("citus_set_coordinator_host");
+        for port in cluster.workers() {
+            coordinator
+                .execute(
+                    "SELECT citus_add_node('127.0.0.1', $1)",
+                    &[&i32::from(port)],
+                )
+                .await
+                .expect("citus_add_node");
+        }
+        Some(db)
+    }
+
+    /// A connection to the coordinator's database.
+    pub async fn connect(&self) -> tokio_postgres::Client {
+        connect(&self.url).await
+    }
+
+    /// A connection to a worker's database.
+    pub async fn connect_worker(&self, port: u16) -> tokio_postgres::Client {
+        connect(&self.cluster.url(port, &self.name)).await
+    }
+}
+
+impl Drop for CitusDatabase {
+    fn drop(&mut self) {
+        let urls: Vec<String> = self
+            .cluster
+            .ports
+            .iter()
+            .map(|port| self.cluster.url(*port, "postgres"))
+            .collect();
+        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("cleanup runtime");
+            rt.block_on(async move {
+                for url in urls {
+                    if let Ok((client, connection)) =
+                        tokio_postgres::connect(&url, tokio_postgres::NoTls).await
+                    {
+                        tokio::spawn(connection);
+                        let _ = client.batch_execute(&sql).await;
+                    }
+                }
+            });
+        })
+        .join();
+    }
+}

@@ -1,0 +1,16 @@
+//! The coordinator on a Citus cluster (a coordinator node and two workers,
+//! `harness`): the same calls and answers as on one PostgreSQL, with the
+//! records spread over the workers. Skipped, loudly, where Citus is not
+//! installed (`bash .ci/citus` installs it); CI fails instead.
+
+mod app;
+mod calls;
+mod cluster;
+mod harness;
+// The request builders and readers of the API tests; this binary uses
+// only some of them.
+#[allow(dead_code, unused_imports)]
+#[path = "../api/helpers/mod.rs"]
+mod helpers;
+mod migrations;
+mod waiting;
