@@ -24,7 +24,10 @@
 //!   database's clock), [`store::probe`] (whether the connections calls use
 //!   answer: readiness, and replacing one that silently stopped),
 //!   [`store::migrate`] (applies `sql/`: the schema's numbered migrations
-//!   once each, then each function file that changed) and
+//!   once each, then each function file that changed), [`store::citus`]
+//!   (a Citus coordinator recognised, and what migrating one adds: the
+//!   table distributed by key, the single-key functions delegated to the
+//!   worker holding the key) and
 //!   [`store::connect_error`] (every failed connection said once: where it
 //!   went, `connect_error::target`; why, `connect_error::cause`; the
 //!   sentence with what to check, `connect_error::message`; the database
@@ -67,7 +70,9 @@
 //!   `/complete` and `/health`, read as n8n renders them), `http::connect`
 //!   (every unary RPC in the Connect protocol's shape, canonical proto3
 //!   JSON), `http::events` (Watch and WatchDue as Server-Sent Events) and
-//!   `http::json` (that JSON, by reflection over the embedded descriptors).
+//!   `http::json` (that JSON, by reflection over the embedded descriptors),
+//!   with `http::inprocess` (how the door makes a Coordinator call) and
+//!   `http::refusal` (why it refused a request: status, body, log, metric).
 //!   The door checks a request's headers (framing, cross-site, credentials,
 //!   content type) before it reads its body under admission's budget; each
 //!   request then becomes an in-process gRPC call through `transport`'s
@@ -115,8 +120,8 @@
 //! routes `startup` hands it; `telemetry` uses `domain` (it defines the
 //! log format `config` reads);
 //! `http` uses `transport` (admission, and the HTTP port it is served on),
-//! `auth`, `store` (one read: a key's latest lease), `domain`, `error` and
-//! the generated types;
+//! `auth`, `service` (only the names of what an in-process call may ask,
+//! such as a Get's lease token), `domain`, `error` and the generated types;
 //! `error` uses `domain`, `auth` and `store`; `store` uses `domain` only;
 //! `domain` uses nothing of ours. `metrics` uses only `domain` and every
 //! module may call it. Only `startup` and `config` see everything.
