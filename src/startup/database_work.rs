@@ -99,11 +99,13 @@ impl DatabaseWork {
 }
 
 /// Maps the database's state onto readiness until `stop` is cancelled, or
-/// until the listener or the probe stops: `idempotency.v1.Coordinator` is
-/// SERVING only while the listener is connected, listening and reading the
-/// database's clock on time, and the connections calls use answer the
-/// probe. The hub follows the listener alone (waiters poll while it is
-/// down).
+/// until `stop`: `idempotency.v1.Coordinator` is SERVING only while the
+/// listener is connected, listening and reading the database's clock on
+/// time, and the connections calls use answer the probe. The hub follows
+/// the listener alone (waiters poll while it is down). Should the listener
+/// or the probe end without being asked (the supervisor logs which),
+/// nothing would say the database is up any more: the replica then says it
+/// is not ready, for good, and its waiters poll.
 async fn follow_database(
     mut listening: watch::Receiver<bool>,
     mut answering: watch::Receiver<bool>,
@@ -131,7 +133,73 @@ async fn follow_database(
             changed = answering.changed() => changed,
         };
         if changed.is_err() {
+            if !stop.is_cancelled() {
+                hub.set_connected(false);
+                metrics::ready(false);
+                reporter
+                    .set_not_serving::<CoordinatorServer<CoordinatorService>>()
+                    .await;
+            }
             return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_server::Health as _;
+    use tonic_health::server::{HealthReporter, HealthService};
+
+    use super::*;
+    use crate::domain::WaiterLimits;
+
+    #[tokio::test]
+    async fn readiness_falls_when_the_listener_ends_unasked_and_not_at_a_stop() {
+        for asked in [false, true] {
+            let reporter = HealthReporter::new();
+            let service = HealthService::from_health_reporter(reporter.clone());
+            let hub = Hub::new(WaiterLimits {
+                total: 10,
+                per_tenant: 10,
+            });
+            let (listening, listening_rx) = watch::channel(true);
+            let (_answering, answering_rx) = watch::channel(true);
+            let stop = CancellationToken::new();
+            let follow = tokio::spawn(follow_database(
+                listening_rx,
+                answering_rx,
+                Arc::clone(&hub),
+                reporter,
+                stop.clone(),
+            ));
+            let check = || async {
+                let request = tonic::Request::new(HealthCheckRequest {
+                    service: "idempotency.v1.Coordinator".to_owned(),
+                });
+                // Not registered until the first status is said.
+                match service.check(request).await {
+                    Ok(answer) => answer.into_inner().status(),
+                    Err(_) => ServingStatus::Unknown,
+                }
+            };
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while check().await != ServingStatus::Serving {
+                assert!(tokio::time::Instant::now() < deadline, "never SERVING");
+                tokio::task::yield_now().await;
+            }
+            if asked {
+                stop.cancel();
+            }
+            drop(listening);
+            follow.await.unwrap();
+            let expected = if asked {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            assert_eq!(check().await, expected, "asked to stop: {asked}");
         }
     }
 }
