@@ -57,6 +57,7 @@ use deadpool_postgres::Pool;
 use tokio_postgres::Row;
 
 use calls::{AcquireCall, CompleteCall};
+pub use maintenance::{ShardLimits, ShardSwept};
 use replays::Replays;
 use run::millis;
 use setup::Batches;
