@@ -9,6 +9,7 @@ use idempotency_coordinator::domain::{
     AcquireCommand, Fingerprint, Key, RecordId, RequestId, Scope, Tenant,
 };
 use idempotency_coordinator::proto::{self, complete_request::Outcome};
+use idempotency_coordinator::recovery::WebhookConfig;
 use idempotency_coordinator::store::CallTime;
 use tokio_stream::StreamExt;
 
@@ -252,4 +253,93 @@ async fn watch_due_hands_each_due_record_of_both_workers_to_one_subscriber_once(
         let more = tokio::time::timeout(Duration::from_millis(500), feed.next()).await;
         assert!(more.is_err(), "offered again: {more:?}");
     }
+}
+
+#[tokio::test]
+async fn the_recovery_webhook_receives_each_due_record_of_both_workers_once() {
+    let mut hook = TestWebhook::start(WebhookMode::Ok).await;
+    let url = hook.url.parse().unwrap();
+    let Some(app) = spawn_citus_app_with(|c| {
+        c.sweep_interval = Duration::from_millis(100);
+        c.webhook = Some(WebhookConfig {
+            url,
+            ca: None,
+            timeout: Duration::from_millis(300),
+            attempts: 2,
+            offer: Duration::from_secs(30),
+        });
+    })
+    .await
+    else {
+        return;
+    };
+    let keys = spread(&app, "hook").await;
+    for key in &keys {
+        failed_due(&app, key).await;
+    }
+    let mut posted = Vec::new();
+    while posted.len() < keys.len() {
+        let body = tokio::time::timeout(Duration::from_secs(20), hook.bodies.recv())
+            .await
+            .unwrap_or_else(|_| panic!("only {posted:?} of {keys:?} were posted"))
+            .expect("a POST");
+        assert_eq!(body["reason"], "RETRY_DUE");
+        posted.push(body["key"].as_str().expect("the key").to_owned());
+    }
+    let once: BTreeSet<String> = posted.iter().cloned().collect();
+    assert_eq!(
+        once.len(),
+        posted.len(),
+        "no record posted twice: {posted:?}"
+    );
+    assert_eq!(once, keys.iter().cloned().collect());
+    let more = tokio::time::timeout(Duration::from_millis(500), hook.bodies.recv()).await;
+    assert!(more.is_err(), "posted again within the offer: {more:?}");
+}
+
+#[tokio::test]
+async fn what_a_departed_subscriber_was_offered_is_offered_again() {
+    let Some(app) = spawn_citus_app_with(|c| {
+        c.sweep_interval = Duration::ZERO;
+        c.feed.poll = Duration::from_millis(50);
+    })
+    .await
+    else {
+        return;
+    };
+    let keys = spread(&app, "due").await;
+    for key in &keys {
+        failed_due(&app, key).await;
+    }
+    let mut c = app.client.clone();
+    let mut subscribe = async || {
+        c.watch_due(proto::WatchDueRequest { scope: "s".into() })
+            .await
+            .expect("watch_due")
+            .into_inner()
+    };
+    let next = async |feed: &mut tonic::Streaming<proto::DueRecord>| {
+        tokio::time::timeout(Duration::from_secs(20), feed.next())
+            .await
+            .expect("a due record in time")
+            .expect("the feed goes on")
+            .expect("a due record")
+            .record
+            .unwrap()
+            .key
+    };
+    let mut first = subscribe().await;
+    let mut taken = BTreeSet::new();
+    for _ in 0..3 {
+        taken.insert(next(&mut first).await);
+    }
+    drop(first);
+    // Long before the first offers run out, the second subscriber gets
+    // every record, those the first was offered too.
+    let mut second = subscribe().await;
+    let mut got = BTreeSet::new();
+    while got.len() < keys.len() {
+        got.insert(next(&mut second).await);
+    }
+    assert!(taken.is_subset(&got));
 }
