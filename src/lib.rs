@@ -17,7 +17,8 @@
 //!   pipelined on a few shared connections, `store::mux`, or batched so that
 //!   Acquires and Completes that arrive together share one statement and one
 //!   commit, `store::batch` with arguments bound in `store::calls`),
-//!   `store::maintenance` (sweeps, due records), `store::row` and
+//!   `store::maintenance` (sweeps, due records; on Citus per shard and per
+//!   key, `sql/citus/maintenance.sql`), `store::row` and
 //!   [`store::names`] (rows and the SQL functions' names into domain values),
 //!   `store::replays` (SUCCEEDED records answered from memory until shortly
 //!   before they expire), [`store::listener`] (the LISTEN connection and the
@@ -39,7 +40,8 @@
 //! - [`error`]: the one error type and its exhaustive mapping to gRPC status
 //!   codes with rich error details.
 //! - [`sweeper`]: Sweep and the background sweeper: expired records out, dead
-//!   leases reclaimed, in small batches, one replica at a time.
+//!   leases reclaimed, in small batches, one replica at a time; on a Citus
+//!   coordinator in rounds on every shard, one replica at a time per shard.
 //! - [`recovery`]: the recovery webhook that POSTs due records (the feed's
 //!   stream form, WatchDue, lives in `service::due`).
 //! - [`auth`]: who the caller is (bearer tokens to tenant and admin); the

@@ -3,7 +3,9 @@
 //! sweeping a million records never blocks Acquire for long nor builds one
 //! huge transaction. The same code serves the `Sweep` RPC and the background
 //! sweeper; the background one runs on one replica at a time (it skips a
-//! round when another replica holds the sweeper's lock).
+//! round when another replica holds the sweeper's lock). On a Citus
+//! coordinator the same sweep runs shard by shard (`shards`): each shard on
+//! its node, one sweeper at a time per shard.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,6 +19,8 @@ use crate::error::cause_chain;
 use crate::metrics::{self, SweepOutcome};
 use crate::recovery::Webhook;
 use crate::store::{Store, StoreError};
+
+mod shards;
 
 /// Sweeps in batches through one store.
 #[derive(Clone)]
@@ -53,6 +57,21 @@ impl Sweeper {
     /// Sweeps as `sweep` says, batch by batch; `None` when it gave up to
     /// another replica that is sweeping.
     pub async fn sweep(&self, sweep: Sweep<'_>) -> Result<Option<SweepCounts>, StoreError> {
+        let swept = if self.store.distributed() {
+            shards::sweep(&self.store, self.batch, sweep).await?
+        } else {
+            self.sweep_batches(sweep).await?
+        };
+        let Some(mut total) = swept else {
+            return Ok(None);
+        };
+        total.retries_due = self.store.count_due(sweep.tenant).await?;
+        Ok(Some(total))
+    }
+
+    /// The sweep on one PostgreSQL: batch after batch of
+    /// `idempotency_sweep_batch`.
+    async fn sweep_batches(&self, sweep: Sweep<'_>) -> Result<Option<SweepCounts>, StoreError> {
         let Sweep {
             tenant,
             limit,
@@ -91,7 +110,6 @@ impl Sweeper {
                 }
             }
         }
-        total.retries_due = self.store.count_due(tenant).await?;
         Ok(Some(total))
     }
 }

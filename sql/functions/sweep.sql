@@ -106,13 +106,32 @@ BEGIN
 END;
 $$;
 
--- idempotency_count_due: FAILED rows of p_tenant (NULL: every tenant) whose
--- retry is due (for Sweep's report).
+-- idempotency_count_due_at: FAILED rows of p_tenant (NULL: every tenant)
+-- whose retry is due at p_now (for Sweep's report). The caller passes the
+-- moment, so that on Citus, where the count runs on every shard and is
+-- added up, every shard compares against the same instant. PL/pgSQL: Citus
+-- refuses a SQL-language function's parameters in a query over shards.
+CREATE OR REPLACE FUNCTION idempotency_count_due_at(p_tenant text, p_now timestamptz)
+RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_due bigint;
+BEGIN
+    SELECT count(*) INTO v_due FROM idempotency_keys k
+     WHERE k.status = 'FAILED' AND (p_tenant IS NULL OR k.tenant = p_tenant)
+       AND k.next_retry_at <= p_now
+       AND k.expires_at > p_now;
+    RETURN v_due;
+END;
+$$;
+
+-- idempotency_count_due: the same as of the database clock, for servers of
+-- the previous release during a rolling upgrade.
 CREATE OR REPLACE FUNCTION idempotency_count_due(p_tenant text, p_clock_offset_ms bigint)
 RETURNS bigint
-LANGUAGE sql STABLE AS $$
-    SELECT count(*) FROM idempotency_keys k
-     WHERE k.status = 'FAILED' AND (p_tenant IS NULL OR k.tenant = p_tenant)
-       AND k.next_retry_at <= clock_timestamp() + p_clock_offset_ms * interval '1 millisecond'
-       AND k.expires_at > clock_timestamp() + p_clock_offset_ms * interval '1 millisecond'
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN idempotency_count_due_at(
+        p_tenant, clock_timestamp() + p_clock_offset_ms * interval '1 millisecond');
+END;
 $$;

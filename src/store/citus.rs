@@ -6,12 +6,17 @@
 //! worker holding the key (docs/scaling.md). The store then sends every
 //! Acquire and Complete alone (no group commit: a batch spans keys, so
 //! shards and nodes), and the listener listens on every worker too, where
-//! the functions' notifications are sent.
+//! the functions' notifications are sent. Sweeping, the due count and the
+//! recovery feed span shards: they use the forms of
+//! `sql/citus/maintenance.sql` (see `store::maintenance`).
 
 use tokio_postgres::GenericClient;
 
 /// Distributes the table; run after the numbered migrations.
 pub(super) const DISTRIBUTE_TABLE: &str = include_str!("../../sql/citus/distribute_table.sql");
+/// The maintenance statements in forms Citus runs (sweeping per shard, the
+/// recovery feed claimed key by key); run after the function files.
+pub(super) const MAINTENANCE: &str = include_str!("../../sql/citus/maintenance.sql");
 /// Delegates the single-key functions; run after the function files.
 pub(super) const DELEGATE_FUNCTIONS: &str = include_str!("../../sql/citus/delegate_functions.sql");
 

@@ -1,6 +1,13 @@
 //! The maintenance calls: sweeping, and the recovery feed's due records.
 //! Each runs on a pooled connection of its own, so its longer statements
 //! never hold up the calls pipelined on the shared connections.
+//!
+//! On a Citus coordinator they call the forms of `sql/citus/maintenance.sql`
+//! instead: sweeping shard by shard (`idempotency_sweep_shards`, each
+//! shard on its node, see [`crate::sweeper`]), and the recovery feed read
+//! without locks over shards, then claimed and released one key at a time
+//! (`idempotency_claim_due_by_key`, `idempotency_release_offers_by_key`).
+//! The due count (`idempotency_count_due_at`) is the same on both.
 
 use std::time::Duration;
 
@@ -9,9 +16,34 @@ use super::{CallTime, Store, StoreError, row};
 use crate::domain::{DueRecord, Scope, SweepCounts, Tenant};
 
 const SWEEP_BATCH: &str = "SELECT * FROM idempotency_sweep_batch($1, $2, $3, $4, $5)";
-const COUNT_DUE: &str = "SELECT idempotency_count_due($1, $2)";
+// The moment is read once, where the statement starts, and passed in.
+const COUNT_DUE: &str = "SELECT idempotency_count_due_at($1, \
+     clock_timestamp() + $2::bigint * interval '1 millisecond')";
 const CLAIM_DUE: &str = "SELECT * FROM idempotency_claim_due($1, $2, $3, $4, $5, $6)";
 const RELEASE_OFFERS: &str = "SELECT idempotency_release_offers($1)";
+const SHARDS: &str = "SELECT shard_name('idempotency_keys'::regclass, shardid) \
+     FROM pg_dist_shard WHERE logicalrelid = 'idempotency_keys'::regclass ORDER BY shardid";
+const SWEEP_SHARDS: &str = "SELECT shard, swept, expired_deleted, leases_reclaimed \
+     FROM idempotency_sweep_shards($1, $2, $3, $4, $5, $6, $7)";
+const CLAIM_DUE_BY_KEY: &str = "SELECT * FROM idempotency_claim_due_by_key($1, $2, $3, $4, $5, $6)";
+const RELEASE_OFFERS_BY_KEY: &str = "SELECT idempotency_release_offers_by_key($1)";
+
+/// One shard's part of a round of sweeping on Citus: its name and how many
+/// records of each kind it may change (or, dry, count).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardLimits {
+    pub shard: String,
+    pub expired: u32,
+    pub leases: u32,
+}
+
+/// What a round did on one shard; `counts` is `None` when another sweeper
+/// held the shard's lock (the round skipped it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardSwept {
+    pub shard: String,
+    pub counts: Option<SweepCounts>,
+}
 
 impl Store {
     /// One short transaction of sweeping (`idempotency_sweep_batch`), at most
@@ -53,6 +85,68 @@ impl Store {
         }))
     }
 
+    /// The shards of `idempotency_keys` on a Citus coordinator, by name.
+    pub async fn shards(&self) -> Result<Vec<String>, StoreError> {
+        let rows = self.query(SHARDS, &[], CallTime::default()).await?;
+        rows.iter()
+            .map(|row| row.try_get(0).map_err(StoreError::from))
+            .collect()
+    }
+
+    /// One round of sweeping on a Citus coordinator
+    /// (`idempotency_sweep_shards`): every shard in `limits` swept on its
+    /// node in its own transaction, in parallel, as one sweep batch with
+    /// its limits; with `exclusive`, only the shards whose sweeper lock it
+    /// gets.
+    pub async fn sweep_shards(
+        &self,
+        tenant: Option<&Tenant>,
+        limits: &[ShardLimits],
+        dry_run: bool,
+        exclusive: bool,
+    ) -> Result<Vec<ShardSwept>, StoreError> {
+        let int = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
+        let shards: Vec<&str> = limits.iter().map(|l| l.shard.as_str()).collect();
+        let expired: Vec<i32> = limits.iter().map(|l| int(l.expired)).collect();
+        let leases: Vec<i32> = limits.iter().map(|l| int(l.leases)).collect();
+        let rows = self
+            .query(
+                SWEEP_SHARDS,
+                &[
+                    &tenant.map(Tenant::as_str),
+                    &shards,
+                    &expired,
+                    &leases,
+                    &dry_run,
+                    &exclusive,
+                    &self.clock.offset_ms(),
+                ],
+                CallTime::default(),
+            )
+            .await?;
+        let count = |row: &tokio_postgres::Row, column| {
+            row.try_get::<_, i64>(column)
+                .map(|n| n.max(0).unsigned_abs())
+        };
+        rows.iter()
+            .map(|row| {
+                let counts = if row.try_get::<_, bool>("swept")? {
+                    Some(SweepCounts {
+                        expired_deleted: count(row, "expired_deleted")?,
+                        leases_reclaimed: count(row, "leases_reclaimed")?,
+                        retries_due: 0,
+                    })
+                } else {
+                    None
+                };
+                Ok(ShardSwept {
+                    shard: row.try_get("shard")?,
+                    counts,
+                })
+            })
+            .collect()
+    }
+
     /// FAILED records whose retry is due, of one tenant or (`None`) all.
     pub async fn count_due(&self, tenant: Option<&Tenant>) -> Result<u64, StoreError> {
         let row = self
@@ -62,7 +156,9 @@ impl Store {
                 CallTime::default(),
             )
             .await?
-            .ok_or_else(|| StoreError::Corrupt("idempotency_count_due returned no row".into()))?;
+            .ok_or_else(|| {
+                StoreError::Corrupt("idempotency_count_due_at returned no row".into())
+            })?;
         Ok(row.try_get::<_, i64>(0)?.max(0).unsigned_abs())
     }
 
@@ -81,7 +177,11 @@ impl Store {
         let limit = i32::try_from(limit).unwrap_or(i32::MAX);
         let rows = self
             .query(
-                CLAIM_DUE,
+                if self.distributed() {
+                    CLAIM_DUE_BY_KEY
+                } else {
+                    CLAIM_DUE
+                },
                 &[
                     &tenant,
                     &scope,
@@ -100,7 +200,15 @@ impl Store {
     /// others at once; returns how many records that was.
     pub async fn release_offers(&self, subscriber: uuid::Uuid) -> Result<u64, StoreError> {
         let row = self
-            .query_one_pooled(RELEASE_OFFERS, &[&subscriber], CallTime::default())
+            .query_one_pooled(
+                if self.distributed() {
+                    RELEASE_OFFERS_BY_KEY
+                } else {
+                    RELEASE_OFFERS
+                },
+                &[&subscriber],
+                CallTime::default(),
+            )
             .await?
             .ok_or_else(|| {
                 StoreError::Corrupt("idempotency_release_offers returned no row".into())

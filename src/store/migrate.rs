@@ -40,10 +40,11 @@
 //!
 //! On a Citus coordinator (the database has the `citus` extension), each
 //! migration also distributes `idempotency_keys` by `idempotency_key` after
-//! the numbered migrations and delegates the single-key functions to the
-//! node holding their key after the function files (`sql/citus/`, see
-//! [`super::citus`]); both do nothing when already done. Plain PostgreSQL
-//! gets exactly the above.
+//! the numbered migrations and, after the function files, creates the
+//! maintenance functions that run per shard or per key and delegates the
+//! single-key functions to the node holding their key (`sql/citus/`, see
+//! [`super::citus`]); they do nothing new when already done. Plain
+//! PostgreSQL gets exactly the above.
 //!
 //! Several replicas may start at the same moment: all of them run this, and a
 //! transaction-level advisory lock makes them take turns, so the first applies
@@ -306,6 +307,7 @@ pub async fn migrate(client: &mut Client) -> Result<Applied, MigrateError> {
     }
     applied.functions = apply_functions(&tx).await?;
     if citus {
+        tx.batch_execute(citus::MAINTENANCE).await?;
         tx.batch_execute(citus::DELEGATE_FUNCTIONS).await?;
     }
     tx.commit().await?;

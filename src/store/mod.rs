@@ -17,7 +17,8 @@
 //!   that arrive together share one statement and one commit (`batch`, with
 //!   their arguments in `calls`); maintenance's on pooled connections of its
 //!   own, so its longer statements never hold up calls queued behind them;
-//! - `maintenance`: sweeping and the recovery feed's due records;
+//! - `maintenance`: sweeping and the recovery feed's due records (on a Citus
+//!   coordinator per shard and per key);
 //! - `row`: rows into domain records, and the names the SQL functions use
 //!   for statuses, decisions, outcomes and refusals;
 //! - `replays`: SUCCEEDED records answered from memory;
@@ -57,6 +58,7 @@ use deadpool_postgres::Pool;
 use tokio_postgres::Row;
 
 use calls::{AcquireCall, CompleteCall};
+pub use maintenance::{ShardLimits, ShardSwept};
 use replays::Replays;
 use run::millis;
 use setup::Batches;

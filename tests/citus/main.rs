@@ -12,5 +12,6 @@ mod harness;
 #[allow(dead_code, unused_imports)]
 #[path = "../api/helpers/mod.rs"]
 mod helpers;
+mod maintenance;
 mod migrations;
 mod waiting;
