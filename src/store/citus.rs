@@ -14,6 +14,8 @@ use tokio_postgres::GenericClient;
 pub(super) const DISTRIBUTE_TABLE: &str = include_str!("../../sql/citus/distribute_table.sql");
 /// Delegates the single-key functions; run after the function files.
 pub(super) const DELEGATE_FUNCTIONS: &str = include_str!("../../sql/citus/delegate_functions.sql");
+/// Makes the batches delegable per node; run after `DELEGATE_FUNCTIONS`.
+pub(super) const BATCH_ROUTES: &str = include_str!("../../sql/citus/batch_routes.sql");
 
 /// Whether the database has the `citus` extension.
 pub async fn present(client: &impl GenericClient) -> Result<bool, tokio_postgres::Error> {

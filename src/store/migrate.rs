@@ -307,6 +307,7 @@ pub async fn migrate(client: &mut Client) -> Result<Applied, MigrateError> {
     applied.functions = apply_functions(&tx).await?;
     if citus {
         tx.batch_execute(citus::DELEGATE_FUNCTIONS).await?;
+        tx.batch_execute(citus::BATCH_ROUTES).await?;
     }
     tx.commit().await?;
     Ok(applied)
