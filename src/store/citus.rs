@@ -3,10 +3,11 @@
 //!
 //! On a Citus coordinator `idempotency_keys` is distributed by
 //! `idempotency_key` and the single-key functions are delegated to the
-//! worker holding the key (docs/scaling.md). The store then sends every
-//! Acquire and Complete alone (no group commit: a batch spans keys, so
-//! shards and nodes), and the listener listens on every worker too, where
-//! the functions' notifications are sent.
+//! worker holding the key (docs/scaling.md). The store splits each batch
+//! of Acquires or Completes by the node holding each key (`shards`) and
+//! sends each group as one routed statement that Citus delegates to that
+//! node (`sql/citus/batch_routes.sql`); the listener listens on every
+//! worker too, where the functions' notifications are sent.
 
 use tokio_postgres::GenericClient;
 
