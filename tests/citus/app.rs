@@ -20,8 +20,14 @@ impl std::ops::Deref for CitusApp {
 
 /// A server on a fresh Citus database; `None` when the cluster is skipped.
 pub async fn spawn_citus_app() -> Option<CitusApp> {
+    spawn_citus_app_with(|_| {}).await
+}
+
+/// The same, configured by `configure`.
+pub async fn spawn_citus_app_with(configure: impl FnOnce(&mut ServeConfig)) -> Option<CitusApp> {
     let db = CitusDatabase::create().await?;
-    let config = ServeConfig::new("127.0.0.1:0".parse().unwrap(), db.url.clone());
+    let mut config = ServeConfig::new("127.0.0.1:0".parse().unwrap(), db.url.clone());
+    configure(&mut config);
     let server = start_server(config).await;
     assert!(
         server.store.distributed(),
