@@ -41,8 +41,9 @@
 //! On a Citus coordinator (the database has the `citus` extension), each
 //! migration also distributes `idempotency_keys` by `idempotency_key` after
 //! the numbered migrations and delegates the single-key functions to the
-//! node holding their key after the function files (`sql/citus/`, see
-//! [`super::citus`]); both do nothing when already done. Plain PostgreSQL
+//! node holding their key after the function files, and the batches'
+//! routed forms to the node of their routing key (`sql/citus/`, see
+//! [`super::citus`]); all do nothing when already done. Plain PostgreSQL
 //! gets exactly the above.
 //!
 //! Several replicas may start at the same moment: all of them run this, and a

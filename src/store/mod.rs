@@ -15,7 +15,8 @@
 //! - `run`: how a statement reaches the database: a call's pipelined on a
 //!   few shared connections (`mux`), or queued so that Acquires and Completes
 //!   that arrive together share one statement and one commit (`batch`, with
-//!   their arguments in `calls`); maintenance's on pooled connections of its
+//!   their arguments in `calls`; on Citus one statement per node, split by
+//!   `shards`, the map of which node holds each key); maintenance's on pooled connections of its
 //!   own, so its longer statements never hold up calls queued behind them;
 //! - `maintenance`: sweeping and the recovery feed's due records;
 //! - `row`: rows into domain records, and the names the SQL functions use
