@@ -170,3 +170,38 @@ async fn many_callers_racing_on_a_few_keys_get_exactly_one_lease_each() {
     let expected: BTreeMap<&str, usize> = keys.iter().map(|k| (k.as_str(), 1)).collect();
     assert_eq!(proceeds, expected);
 }
+
+#[tokio::test]
+async fn batches_split_by_a_stale_map_still_get_the_right_answers() {
+    let Some(app) = batching_app().await else {
+        return;
+    };
+    // The server has read its map; one shard then moves to the other worker.
+    let keys: Vec<String> = (0..64).map(|i| format!("moved-{i}")).collect();
+    let from = worker_of(&app.db, &keys[0]).await;
+    let [w1, w2] = app.db.cluster.workers();
+    let to = if from == w1 { w2 } else { w1 };
+    let coordinator = app.db.connect().await;
+    coordinator
+        .execute(
+            "SELECT citus_move_shard_placement(
+                 get_shard_id_for_distribution_column('idempotency_keys', $1::text),
+                 '127.0.0.1', $2, '127.0.0.1', $3, shard_transfer_mode := 'block_writes')",
+            &[&keys[0], &i32::from(from), &i32::from(to)],
+        )
+        .await
+        .expect("move the shard");
+    assert_eq!(worker_of(&app.db, &keys[0]).await, to);
+
+    let answers = acquire_all(&app, keys.iter().map(|k| acquire("s", k)).collect()).await;
+    for (key, answer) in keys.iter().zip(&answers) {
+        assert_eq!(decision(answer), Decision::Proceed, "{key}");
+        assert_eq!(answer.record.as_ref().unwrap().key, *key);
+    }
+    let again = acquire_all(&app, keys.iter().map(|k| acquire("s", k)).collect()).await;
+    for (key, answer) in keys.iter().zip(&again) {
+        assert_eq!(decision(answer), Decision::InProgress, "{key}");
+    }
+    let writers = writers(&app.db).await;
+    assert_eq!(writers[&keys[0]].0, to, "the row is where its shard is now");
+}
