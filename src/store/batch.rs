@@ -46,7 +46,7 @@ use tokio_postgres::types::ToSql;
 use super::StoreError;
 use super::clock::{Clock, Stamp};
 use super::mux::{Mux, Shared};
-use super::shards::{Routes, ShardMap};
+use super::shards::{self, Routes, ShardMap};
 
 /// One call's arguments, owned so it can wait in the queue.
 pub(super) trait Call: Send + Sync + Sized + 'static {
@@ -324,9 +324,20 @@ fn not_taken() -> StoreError {
 /// Runs the batch and answers every caller in it: as one statement, or on
 /// Citus as one statement per node, sent together.
 async fn run<C: Call>(settings: &Settings, batch: &mut Vec<Pending<C>>, shared: &Arc<Shared>) {
-    let Some(map) = settings.routes.map() else {
+    let Some(mut map) = settings.routes.map() else {
         return run_group(settings, batch, shared, false).await;
     };
+    if settings.routes.reread_due() {
+        let reading = async { Ok(shards::map_of(&shared.query(shards::MAP, &[]).await?)?) };
+        match settings
+            .mux
+            .in_time(shared, settings.query_timeout, reading)
+            .await
+        {
+            Ok(fresh) => map = settings.routes.replace(fresh),
+            Err(e) => tracing::debug!(error = ?e, "batch: the map of shards was not read again"),
+        }
+    }
     let groups = by_node(&map, std::mem::take(batch));
     let groups = groups.into_iter().map(|mut group| async move {
         run_group(settings, &mut group, shared, true).await;

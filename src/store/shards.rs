@@ -13,11 +13,25 @@
 //! which Citus delegates to the node of its routing key and whose
 //! statements Citus routes to wherever their rows live now. A stale map
 //! (shards moved since it was read) thus costs a hop and a distributed
-//! commit, never a wrong answer.
+//! commit, never a wrong answer, and only until a batch worker reads the
+//! map again ([`REREAD`] after the last reading, before its next batch).
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
-use tokio_postgres::GenericClient;
+use tokio::time::Instant;
+use tokio_postgres::{GenericClient, Row};
+
+/// How old the map gets before a batch worker reads it again.
+pub(super) const REREAD: Duration = Duration::from_secs(30);
+
+/// The shards of `idempotency_keys`: hash range and the node group that
+/// holds it (one placement of each).
+pub(super) const MAP: &str = "SELECT DISTINCT ON (s.shardid) \
+     s.shardminvalue::int, s.shardmaxvalue::int, p.groupid \
+     FROM pg_dist_shard s JOIN pg_dist_placement p USING (shardid) \
+     WHERE s.logicalrelid = 'idempotency_keys'::regclass AND p.shardstate = 1 \
+     ORDER BY s.shardid, p.groupid";
 
 /// Keys whose hash the server checks against `worker_hash` before it uses
 /// its map: every length up to past two of the hash's 12-byte blocks,
@@ -62,21 +76,59 @@ impl ShardMap {
 /// The map batches are split by: none on plain PostgreSQL (a batch is one
 /// statement), or before a Citus coordinator's map has been read.
 #[derive(Debug, Default)]
-pub(super) struct Routes(RwLock<Option<Arc<ShardMap>>>);
+pub(super) struct Routes {
+    map: RwLock<Option<Arc<ShardMap>>>,
+    /// When the map is to be read again.
+    reread_at: Mutex<Option<Instant>>,
+}
 
 impl Routes {
     /// Whether a map has been read: batches are split by it.
     pub fn ready(&self) -> bool {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).is_some()
+        self.map.read().unwrap_or_else(|e| e.into_inner()).is_some()
     }
 
     pub fn map(&self) -> Option<Arc<ShardMap>> {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.map.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Sets the map (none: calls run alone), to be read again in [`REREAD`].
     pub fn set(&self, map: Option<ShardMap>) {
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = map.map(Arc::new);
+        let reread_at = map.is_some().then(|| Instant::now() + REREAD);
+        *self.map.write().unwrap_or_else(|e| e.into_inner()) = map.map(Arc::new);
+        *self.reread_at.lock().unwrap_or_else(|e| e.into_inner()) = reread_at;
     }
+
+    /// Whether the map is due to be read again; the one caller told so
+    /// reads it (the next reading is due [`REREAD`] later either way).
+    pub fn reread_due(&self) -> bool {
+        let mut reread_at = self.reread_at.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        match *reread_at {
+            Some(at) if at <= now => {
+                *reread_at = Some(now + REREAD);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Replaces a map with one read again.
+    pub fn replace(&self, map: ShardMap) -> Arc<ShardMap> {
+        let map = Arc::new(map);
+        *self.map.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::clone(&map));
+        map
+    }
+}
+
+/// The map of [`MAP`]'s rows.
+pub(super) fn map_of(rows: &[Row]) -> Result<ShardMap, tokio_postgres::Error> {
+    let mut ranges = rows
+        .iter()
+        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
+        .collect::<Result<Vec<(i32, i32, i32)>, tokio_postgres::Error>>()?;
+    ranges.sort_unstable();
+    Ok(ShardMap { ranges })
 }
 
 /// Reads the map of `idempotency_keys`'s shards from a Citus coordinator;
@@ -101,21 +153,7 @@ pub(super) async fn load(
             return Ok(None);
         }
     }
-    let rows = client
-        .query(
-            "SELECT DISTINCT ON (s.shardid) s.shardminvalue::int, s.shardmaxvalue::int, p.groupid
-               FROM pg_dist_shard s JOIN pg_dist_placement p USING (shardid)
-              WHERE s.logicalrelid = 'idempotency_keys'::regclass AND p.shardstate = 1
-              ORDER BY s.shardid, p.groupid",
-            &[],
-        )
-        .await?;
-    let mut ranges = rows
-        .iter()
-        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
-        .collect::<Result<Vec<(i32, i32, i32)>, tokio_postgres::Error>>()?;
-    ranges.sort_unstable();
-    Ok(Some(ShardMap { ranges }))
+    Ok(Some(map_of(&client.query(MAP, &[]).await?)?))
 }
 
 /// PostgreSQL's `hashtext` for a deterministic collation: `hash_bytes`
