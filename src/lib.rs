@@ -16,7 +16,8 @@
 //!   configuration), `store::run` (how a statement reaches the database:
 //!   pipelined on a few shared connections, `store::mux`, or batched so that
 //!   Acquires and Completes that arrive together share one statement and one
-//!   commit, `store::batch` with arguments bound in `store::calls`),
+//!   commit, `store::batch` with arguments bound in `store::calls`; on
+//!   Citus one statement per node, by `store::shards`' map of the shards),
 //!   `store::maintenance` (sweeps, due records; on Citus per shard and per
 //!   key, `sql/citus/maintenance.sql`), `store::row` and
 //!   [`store::names`] (rows and the SQL functions' names into domain values),

@@ -24,6 +24,12 @@
 //!   a batch runs on is retired (it stopped answering), the batch goes on
 //!   waiting for its statement in a task of its own, and its worker takes
 //!   the next calls on a new connection.
+//! - **On Citus, one statement per node.** A batch's keys live on several
+//!   nodes; its calls are split by the node that holds each key's shard
+//!   (`shards`), and each group goes out as one routed statement
+//!   (`idempotency_acquire_batch_at`) that Citus delegates whole to that
+//!   node: one local transaction and one commit there, the groups of one
+//!   batch sent together. A group of one runs as a single call.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -40,6 +46,7 @@ use tokio_postgres::types::ToSql;
 use super::StoreError;
 use super::clock::{Clock, Stamp};
 use super::mux::{Mux, Shared};
+use super::shards::{self, Routes, ShardMap};
 
 /// One call's arguments, owned so it can wait in the queue.
 pub(super) trait Call: Send + Sync + Sized + 'static {
@@ -69,9 +76,11 @@ pub(super) trait Call: Send + Sync + Sized + 'static {
     }
 
     /// Runs `calls` in this order in one statement; every row carries the
-    /// position of its call (`ord`, from 1).
+    /// position of its call (`ord`, from 1). With `route`, the statement is
+    /// the batch's routed form, delegated to the node holding that key.
     fn many<'a>(
         calls: &'a [&'a Self],
+        route: Option<&'a str>,
         shared: &'a Shared,
         stamp: Stamp,
     ) -> impl Future<Output = Result<Vec<Row>, StoreError>> + Send + 'a;
@@ -91,6 +100,8 @@ pub(super) struct Settings {
     /// The longest a batch's statement is waited for; the earliest deadline
     /// of its callers shortens it.
     pub query_timeout: Duration,
+    /// Where each key's row lives, on Citus: batches are split by node.
+    pub routes: Arc<Routes>,
 }
 
 struct Pending<C> {
@@ -310,8 +321,55 @@ fn not_taken() -> StoreError {
     StoreError::Unavailable("no database connection was free in time for this call".into())
 }
 
-/// Runs the batch and answers every caller in it.
+/// Runs the batch and answers every caller in it: as one statement, or on
+/// Citus as one statement per node, sent together.
 async fn run<C: Call>(settings: &Settings, batch: &mut Vec<Pending<C>>, shared: &Arc<Shared>) {
+    let Some(mut map) = settings.routes.map() else {
+        return run_group(settings, batch, shared, false).await;
+    };
+    if settings.routes.reread_due() {
+        let reading = async { Ok(shards::map_of(&shared.query(shards::MAP, &[]).await?)?) };
+        match settings
+            .mux
+            .in_time(shared, settings.query_timeout, reading)
+            .await
+        {
+            Ok(fresh) => map = settings.routes.replace(fresh),
+            Err(e) => tracing::debug!(error = ?e, "batch: the map of shards was not read again"),
+        }
+    }
+    let groups = by_node(&map, std::mem::take(batch));
+    let groups = groups.into_iter().map(|mut group| async move {
+        run_group(settings, &mut group, shared, true).await;
+    });
+    futures_util::future::join_all(groups).await;
+}
+
+/// `batch`'s calls grouped by the node the map places their keys on (keys
+/// it cannot place in a group of their own), each group in arrival order.
+fn by_node<C: Call>(map: &ShardMap, batch: Vec<Pending<C>>) -> Vec<Vec<Pending<C>>> {
+    let mut groups: Vec<(Option<i32>, Vec<Pending<C>>)> = Vec::new();
+    for pending in batch {
+        let node = map.node_of(pending.call.row_key().2);
+        match groups
+            .iter_mut()
+            .find(|(n, _)| node.is_some() && *n == node)
+        {
+            Some((_, group)) => group.push(pending),
+            None => groups.push((node, vec![pending])),
+        }
+    }
+    groups.into_iter().map(|(_, group)| group).collect()
+}
+
+/// Runs one statement's calls (routed by one of their keys when `routed`)
+/// and answers every caller in it.
+async fn run_group<C: Call>(
+    settings: &Settings,
+    batch: &mut Vec<Pending<C>>,
+    shared: &Arc<Shared>,
+    routed: bool,
+) {
     let mux = &settings.mux;
     crate::metrics::batch_ran(C::KIND, batch.len());
     let limit = settings.query_timeout;
@@ -327,8 +385,9 @@ async fn run<C: Call>(settings: &Settings, batch: &mut Vec<Pending<C>>, shared: 
     }
     batch.sort_by(|a, b| a.call.row_key().cmp(&b.call.row_key()));
     let calls: Vec<&C> = batch.iter().map(|p| &p.call).collect();
+    let route = calls.first().filter(|_| routed).map(|c| c.row_key().2);
     let rows = mux
-        .in_time(shared, limit, C::many(&calls, shared, stamp))
+        .in_time(shared, limit, C::many(&calls, route, shared, stamp))
         .await;
     drop(calls);
     let rows = match rows {

@@ -13,6 +13,10 @@
 //! there it is called directly: Citus delegates the statement whole to the
 //! node holding the key with the check in it, which it cannot do for the
 //! subquery (it sends that as a parameter the node does not have).
+//!
+//! On Citus a batch goes out per node as `idempotency_acquire_batch_at`
+//! (`idempotency_complete_batch_at`, `sql/citus/batch_routes.sql`): the
+//! same arguments after a routing key (`$1`), the deadline checked inside.
 
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
@@ -32,12 +36,17 @@ pub const ACQUIRE: &str = "SELECT a.decision, a.retry_after_ms, (a.rec).*, \
 const ACQUIRE_BATCH: &str = "SELECT b.ord, b.decision, b.retry_after_ms, (b.rec).*, \
      (SELECT idempotency_in_time($11, $10)) AS in_time \
      FROM idempotency_acquire_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) b";
+const ACQUIRE_BATCH_AT: &str = "SELECT b.ord, b.decision, b.retry_after_ms, (b.rec).* \
+     FROM idempotency_acquire_batch_at($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) b";
 /// `idempotency_complete`, its fifteen arguments bound in
 /// `CompleteCall::params`'s order, then the deadline (`$16`).
 pub const COMPLETE: &str = "SELECT c.outcome, (c.rec).*, idempotency_in_time($16, $15) AS in_time \
      FROM idempotency_complete($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) c";
 const COMPLETE_BATCH: &str = "SELECT b.ord, b.outcome, (b.rec).*, (SELECT idempotency_in_time($16, $15)) AS in_time \
      FROM idempotency_complete_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) b";
+const COMPLETE_BATCH_AT: &str = "SELECT b.ord, b.outcome, (b.rec).* \
+     FROM idempotency_complete_batch_at($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
+     $14, $15, $16, $17) b";
 
 /// `idempotency_acquire`'s arguments but the clock offset.
 pub(super) struct AcquireCall {
@@ -74,6 +83,25 @@ fn column<'a, C, T: 'a>(calls: &'a [&'a C], f: impl Fn(&'a C) -> T) -> Vec<T> {
     calls.iter().map(|c| f(c)).collect()
 }
 
+/// Runs a batch's statement: `alone`'s with `args`, or with a routing key
+/// `at`'s with the key first.
+async fn batch_query(
+    shared: &Shared,
+    (alone, at): (&'static str, &'static str),
+    route: Option<&str>,
+    args: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<Row>, StoreError> {
+    match route {
+        None => shared.query(alone, args).await,
+        Some(route) => {
+            let mut routed: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(args.len() + 1);
+            routed.push(&route);
+            routed.extend_from_slice(args);
+            shared.query(at, &routed).await
+        }
+    }
+}
+
 impl Call for AcquireCall {
     const ALONE: &'static str = ACQUIRE;
     const KIND: crate::metrics::BatchKind = crate::metrics::BatchKind::Acquire;
@@ -99,25 +127,31 @@ impl Call for AcquireCall {
         params
     }
 
-    async fn many(calls: &[&Self], shared: &Shared, stamp: Stamp) -> Result<Vec<Row>, StoreError> {
-        shared
-            .query(
-                ACQUIRE_BATCH,
-                &[
-                    &column(calls, |c| c.tenant.as_str()),
-                    &column(calls, |c| c.scope.as_str()),
-                    &column(calls, |c| c.key.as_str()),
-                    &column(calls, |c| c.fingerprint.as_str()),
-                    &column(calls, |c| c.request_id.as_str()),
-                    &column(calls, |c| c.lease_ms),
-                    &column(calls, |c| c.max_attempts),
-                    &column(calls, |c| c.retention_ms),
-                    &column(calls, |c| c.watch_ms),
-                    &stamp.offset_ms,
-                    &stamp.deadline,
-                ],
-            )
-            .await
+    async fn many(
+        calls: &[&Self],
+        route: Option<&str>,
+        shared: &Shared,
+        stamp: Stamp,
+    ) -> Result<Vec<Row>, StoreError> {
+        batch_query(
+            shared,
+            (ACQUIRE_BATCH, ACQUIRE_BATCH_AT),
+            route,
+            &[
+                &column(calls, |c| c.tenant.as_str()),
+                &column(calls, |c| c.scope.as_str()),
+                &column(calls, |c| c.key.as_str()),
+                &column(calls, |c| c.fingerprint.as_str()),
+                &column(calls, |c| c.request_id.as_str()),
+                &column(calls, |c| c.lease_ms),
+                &column(calls, |c| c.max_attempts),
+                &column(calls, |c| c.retention_ms),
+                &column(calls, |c| c.watch_ms),
+                &stamp.offset_ms,
+                &stamp.deadline,
+            ],
+        )
+        .await
     }
 }
 
@@ -209,29 +243,35 @@ impl Call for CompleteCall {
         params
     }
 
-    async fn many(calls: &[&Self], shared: &Shared, stamp: Stamp) -> Result<Vec<Row>, StoreError> {
-        shared
-            .query(
-                COMPLETE_BATCH,
-                &[
-                    &column(calls, |c| c.tenant.as_str()),
-                    &column(calls, |c| c.scope.as_str()),
-                    &column(calls, |c| c.key.as_str()),
-                    &column(calls, |c| c.token),
-                    &column(calls, |c| c.outcome),
-                    &column(calls, |c| c.result.as_slice()),
-                    &column(calls, |c| c.content_type.as_str()),
-                    &column(calls, |c| c.status_code),
-                    &column(calls, |c| c.result_ref.as_str()),
-                    &column(calls, |c| c.error.as_str()),
-                    &column(calls, |c| c.permanent),
-                    &column(calls, |c| c.retry_after_ms),
-                    &column(calls, |c| c.backoff_base_ms),
-                    &column(calls, |c| c.backoff_cap_ms),
-                    &stamp.offset_ms,
-                    &stamp.deadline,
-                ],
-            )
-            .await
+    async fn many(
+        calls: &[&Self],
+        route: Option<&str>,
+        shared: &Shared,
+        stamp: Stamp,
+    ) -> Result<Vec<Row>, StoreError> {
+        batch_query(
+            shared,
+            (COMPLETE_BATCH, COMPLETE_BATCH_AT),
+            route,
+            &[
+                &column(calls, |c| c.tenant.as_str()),
+                &column(calls, |c| c.scope.as_str()),
+                &column(calls, |c| c.key.as_str()),
+                &column(calls, |c| c.token),
+                &column(calls, |c| c.outcome),
+                &column(calls, |c| c.result.as_slice()),
+                &column(calls, |c| c.content_type.as_str()),
+                &column(calls, |c| c.status_code),
+                &column(calls, |c| c.result_ref.as_str()),
+                &column(calls, |c| c.error.as_str()),
+                &column(calls, |c| c.permanent),
+                &column(calls, |c| c.retry_after_ms),
+                &column(calls, |c| c.backoff_base_ms),
+                &column(calls, |c| c.backoff_cap_ms),
+                &stamp.offset_ms,
+                &stamp.deadline,
+            ],
+        )
+        .await
     }
 }

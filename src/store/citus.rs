@@ -3,11 +3,12 @@
 //!
 //! On a Citus coordinator `idempotency_keys` is distributed by
 //! `idempotency_key` and the single-key functions are delegated to the
-//! worker holding the key (docs/scaling.md). The store then sends every
-//! Acquire and Complete alone (no group commit: a batch spans keys, so
-//! shards and nodes), and the listener listens on every worker too, where
-//! the functions' notifications are sent. Sweeping, the due count and the
-//! recovery feed span shards: they use the forms of
+//! worker holding the key (docs/scaling.md). The store splits each batch
+//! of Acquires or Completes by the node holding each key (`shards`) and
+//! sends each group as one routed statement that Citus delegates to that
+//! node (`sql/citus/batch_routes.sql`); the listener listens on every
+//! worker too, where the functions' notifications are sent. Sweeping, the
+//! due count and the recovery feed span shards: they use the forms of
 //! `sql/citus/maintenance.sql` (see `store::maintenance`).
 
 use tokio_postgres::GenericClient;
@@ -19,6 +20,8 @@ pub(super) const DISTRIBUTE_TABLE: &str = include_str!("../../sql/citus/distribu
 pub(super) const MAINTENANCE: &str = include_str!("../../sql/citus/maintenance.sql");
 /// Delegates the single-key functions; run after the function files.
 pub(super) const DELEGATE_FUNCTIONS: &str = include_str!("../../sql/citus/delegate_functions.sql");
+/// Makes the batches delegable per node; run after `DELEGATE_FUNCTIONS`.
+pub(super) const BATCH_ROUTES: &str = include_str!("../../sql/citus/batch_routes.sql");
 
 /// Whether the database has the `citus` extension.
 pub async fn present(client: &impl GenericClient) -> Result<bool, tokio_postgres::Error> {

@@ -41,9 +41,10 @@
 //! On a Citus coordinator (the database has the `citus` extension), each
 //! migration also distributes `idempotency_keys` by `idempotency_key` after
 //! the numbered migrations and, after the function files, creates the
-//! maintenance functions that run per shard or per key and delegates the
-//! single-key functions to the node holding their key (`sql/citus/`, see
-//! [`super::citus`]); they do nothing new when already done. Plain
+//! maintenance functions that run per shard or per key, delegates the
+//! single-key functions to the node holding their key, and the batches'
+//! routed forms to the node of their routing key (`sql/citus/`, see
+//! [`super::citus`]); all do nothing new when already done. Plain
 //! PostgreSQL gets exactly the above.
 //!
 //! Several replicas may start at the same moment: all of them run this, and a
@@ -309,6 +310,7 @@ pub async fn migrate(client: &mut Client) -> Result<Applied, MigrateError> {
     if citus {
         tx.batch_execute(citus::MAINTENANCE).await?;
         tx.batch_execute(citus::DELEGATE_FUNCTIONS).await?;
+        tx.batch_execute(citus::BATCH_ROUTES).await?;
     }
     tx.commit().await?;
     Ok(applied)

@@ -15,7 +15,8 @@
 //! - `run`: how a statement reaches the database: a call's pipelined on a
 //!   few shared connections (`mux`), or queued so that Acquires and Completes
 //!   that arrive together share one statement and one commit (`batch`, with
-//!   their arguments in `calls`); maintenance's on pooled connections of its
+//!   their arguments in `calls`; on Citus one statement per node, split by
+//!   `shards`, the map of which node holds each key); maintenance's on pooled connections of its
 //!   own, so its longer statements never hold up calls queued behind them;
 //! - `maintenance`: sweeping and the recovery feed's due records (on a Citus
 //!   coordinator per shard and per key);
@@ -49,6 +50,7 @@ mod replays;
 mod row;
 mod run;
 mod setup;
+mod shards;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -143,8 +145,12 @@ pub struct Store {
     /// Where connections go, for the messages of failed ones.
     target: Arc<ConnectTarget>,
     /// The database is a Citus coordinator (`citus`): Acquires and
-    /// Completes run alone, never batched. Learnt at start.
+    /// Completes are batched per node once its map of shards is read
+    /// (`routes`), alone until then. Learnt at start.
     distributed: Arc<AtomicBool>,
+    /// Where each key's row lives on Citus (`shards`); empty on plain
+    /// PostgreSQL.
+    routes: Arc<shards::Routes>,
 }
 
 // Each ends with the deadline check that `calls` explains.
@@ -161,12 +167,13 @@ impl Store {
     }
 
     /// The batch queues, unless batching is off or the database is a
-    /// Citus coordinator, where a batch would span keys on several nodes
-    /// and each call runs alone on the node of its key instead.
+    /// Citus coordinator whose map of shards this server does not have:
+    /// a batch split by node needs it, and each call runs alone on the node
+    /// of its key instead.
     fn batches(&self) -> Option<&Batches> {
         self.batches
             .as_deref()
-            .filter(|_| !self.distributed.load(Ordering::Relaxed))
+            .filter(|_| !self.distributed.load(Ordering::Relaxed) || self.routes.ready())
     }
 
     /// Whether the database is a Citus coordinator, as [`Store::inspect`]
@@ -176,19 +183,23 @@ impl Store {
     }
 
     /// Finds out whether the database is a Citus coordinator and says
-    /// which it found in one log line; on Citus, Acquires and Completes
-    /// run alone from now on (see [`citus`]).
+    /// which it found in one log line; on Citus, reads the map of shards
+    /// that batches are split by, one statement per node (see [`citus`]).
     pub async fn inspect(&self) -> Result<bool, StoreError> {
         let client = self.connection(CallTime::default()).await?;
         let found = citus::present(&**client).await?;
         self.distributed.store(found, Ordering::Relaxed);
         if found {
             let nodes = citus::other_nodes(&**client).await?;
+            let map = shards::load(&**client).await?;
+            let grouped = map.is_some();
+            self.routes.set(map);
             tracing::info!(
                 other_nodes = nodes.len(),
+                group_commit_per_node = grouped,
                 "database is a Citus coordinator: records distributed by key, \
                  single-key calls delegated to the node holding the key, \
-                 Acquires and Completes sent alone (no group commit)"
+                 batches of Acquires and Completes split by node"
             );
         } else {
             tracing::info!("database is plain PostgreSQL");

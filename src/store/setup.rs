@@ -96,6 +96,7 @@ impl Store {
                 config.query_timeout,
             ))
         });
+        let routes = Arc::new(super::shards::Routes::default());
         let batches = match &mux {
             Some(mux) if config.batch_size > 1 => {
                 if tokio::runtime::Handle::try_current().is_err() {
@@ -109,6 +110,7 @@ impl Store {
                     workers: config.shared_connections,
                     max_batch: config.batch_size,
                     query_timeout: config.query_timeout,
+                    routes: Arc::clone(&routes),
                 };
                 Some(Arc::new(Batches {
                     acquire: batch::Coalescer::start(settings()),
@@ -127,6 +129,7 @@ impl Store {
             replays: Replays::new(config.replay_cache_bytes).map(Arc::new),
             target,
             distributed: Arc::default(),
+            routes,
         })
     }
 }

@@ -4,6 +4,7 @@
 //! installed (`bash .ci/citus` installs it); CI fails instead.
 
 mod app;
+mod batches;
 mod calls;
 mod cluster;
 mod harness;

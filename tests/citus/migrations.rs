@@ -1,5 +1,6 @@
 //! Migrating a Citus coordinator: the table distributed by key, the
-//! single-key functions delegated, and both kept so by later migrations.
+//! single-key functions delegated by their key and the batches' routed
+//! forms by their routing key, and all kept so by later migrations.
 
 use idempotency_coordinator::store::migrate;
 
@@ -26,15 +27,19 @@ async fn delegated(client: &tokio_postgres::Client) -> Vec<(String, i32, bool)> 
         .collect()
 }
 
+/// The single-key functions by `p_key` (argument 2), the batches' routed
+/// forms by `p_route` (argument 0).
 fn expected() -> Vec<(String, i32, bool)> {
     [
-        "idempotency_acquire",
-        "idempotency_complete",
-        "idempotency_extend_lease",
-        "idempotency_get",
-        "idempotency_watch",
+        ("idempotency_acquire", 2),
+        ("idempotency_acquire_batch_at", 0),
+        ("idempotency_complete", 2),
+        ("idempotency_complete_batch_at", 0),
+        ("idempotency_extend_lease", 2),
+        ("idempotency_get", 2),
+        ("idempotency_watch", 2),
     ]
-    .map(|f| (f.to_owned(), 2, true))
+    .map(|(f, arg)| (f.to_owned(), arg, true))
     .to_vec()
 }
 
