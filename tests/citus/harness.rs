@@ -237,13 +237,7 @@ impl CitusDatabase {
             .await
             .expect("citus_set_coordinator_host");
         for port in cluster.workers() {
-            coordinator
-                .execute(
-                    "SELECT citus_add_node('127.0.0.1', $1)",
-                    &[&i32::from(port)],
-                )
-                .await
-                .expect("citus_add_node");
+            add_node(&coordinator, port).await;
         }
         Some(db)
     }
@@ -256,6 +250,31 @@ impl CitusDatabase {
     /// A connection to a worker's database.
     pub async fn connect_worker(&self, port: u16) -> tokio_postgres::Client {
         connect(&self.cluster.url(port, &self.name)).await
+    }
+}
+
+/// Adds the worker on `port` to the coordinator's metadata. Set-up, not
+/// what a test holds: on a loaded machine the metadata sync to the new
+/// node can fail to connect or lock in time, so it is tried a few times,
+/// each failure said.
+async fn add_node(coordinator: &tokio_postgres::Client, port: u16) {
+    const ATTEMPTS: u32 = 5;
+    for attempt in 1..=ATTEMPTS {
+        match coordinator
+            .execute(
+                "SELECT citus_add_node('127.0.0.1', $1)",
+                &[&i32::from(port)],
+            )
+            .await
+        {
+            Ok(_) => return,
+            Err(e) if attempt < ATTEMPTS => {
+                eprintln!("citus_add_node 127.0.0.1:{port} failed (attempt {attempt}): {e:?}");
+                tokio::time::sleep(std::time::Duration::from_millis(500 * u64::from(attempt)))
+                    .await;
+            }
+            Err(e) => panic!("citus_add_node 127.0.0.1:{port}: {e:?}"),
+        }
     }
 }
 
