@@ -17,6 +17,7 @@ use crate::listening::{self, HEARD_WITHIN};
 use crate::load::{self, Load, call_problems, codes, secs, went_to_database};
 use crate::placement::{self, group_of, node_of_shard, range_of_group};
 use crate::setup::{Env, serial};
+use crate::worker_down::readiness;
 
 /// Whether `c` is a PROCEED on one of `keys` that started after `since`,
 /// with a fencing token drawn by node group `group`: a lease granted on
@@ -224,15 +225,7 @@ async fn waiting_on_the_new_worker(env: &Env, new: u16, old_worker: u16) {
     );
     listening::end_listen_sessions(env, old_worker).await;
     listening::until_listening_on(env, new, Duration::from_secs(10)).await;
-    let mut health = Health::connect(env.addr).await;
-    let end = Instant::now() + Duration::from_secs(10);
-    while health.check(READINESS).await != Some(ServingStatus::Serving) {
-        assert!(
-            Instant::now() < end,
-            "not ready again after the listener's new session"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    readiness(&mut Health::connect(env.addr).await, ServingStatus::Serving).await;
     let key = on_new.next().expect("another fresh key on the new worker");
     let after = listening::waiter_answers_after(env, &key).await;
     println!(
@@ -244,6 +237,3 @@ async fn waiting_on_the_new_worker(env: &Env, new: u16, old_worker: u16) {
         "the waiter did not hear the Complete on the new worker ({after:?})"
     );
 }
-
-/// The readiness service name.
-const READINESS: &str = "idempotency.v1.Coordinator";

@@ -3,10 +3,12 @@
 //! back; calls on the other worker's keys answer throughout.
 
 use std::collections::HashSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use idempotency_bench::recorder::now_us;
+use tonic_health::pb::health_check_response::ServingStatus;
 
+use crate::client::Health;
 use crate::load::{self, Load, call_problems, codes, secs, went_to_database};
 use crate::placement;
 use crate::setup::{Env, serial};
@@ -42,8 +44,12 @@ async fn a_stopped_worker_s_keys_answer_unavailable_and_the_other_worker_s_keep_
     )
     .await;
 
+    let mut health = Health::connect(env.addr).await;
     env.on_cluster(move |c| c.stop_node(stopped)).await;
     let stopped_at = now_us();
+    // The listener's session on the stopped worker is lost: the replica is
+    // not ready until it listens on every node again.
+    let not_ready = readiness(&mut health, ServingStatus::NotServing).await;
     load.until(
         Duration::from_secs(10),
         "a call on the stopped worker's keys fails",
@@ -65,6 +71,7 @@ async fn a_stopped_worker_s_keys_answer_unavailable_and_the_other_worker_s_keep_
 
     env.on_cluster(move |c| c.start_node(stopped)).await;
     let started_at = now_us();
+    let ready = readiness(&mut health, ServingStatus::Serving).await;
     load.until(
         Duration::from_secs(20),
         "the restarted worker's keys answer again",
@@ -89,6 +96,11 @@ async fn a_stopped_worker_s_keys_answer_unavailable_and_the_other_worker_s_keep_
         codes(&calls, &up_keys, stopped_at, started_at)
     );
     println!(
+        "WORKER DOWN: readiness NOT_SERVING {:.2} s after the stop, SERVING {:.2} s after the restart",
+        secs(stopped_at, not_ready),
+        secs(started_at, ready)
+    );
+    println!(
         "WORKER DOWN: first call on the restarted worker's keys answered {:.2} s after its restart",
         secs(started_at, back_at)
     );
@@ -108,4 +120,17 @@ async fn a_stopped_worker_s_keys_answer_unavailable_and_the_other_worker_s_keep_
     );
     load::assert_history_clean(&history);
     env.stop().await;
+}
+
+/// The readiness service name.
+pub const READINESS: &str = "idempotency.v1.Coordinator";
+
+/// Waits until readiness reads `status`; returns when it did.
+pub async fn readiness(health: &mut Health, status: ServingStatus) -> i64 {
+    let end = Instant::now() + Duration::from_secs(10);
+    while health.check(READINESS).await != Some(status) {
+        assert!(Instant::now() < end, "readiness did not become {status:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    now_us()
 }
