@@ -177,6 +177,11 @@ async fn a_worker_added_and_the_shards_rebalanced_under_load() {
         .map(|(k, _, _)| k)
         .collect();
     assert!(!moved.is_empty(), "no key lives on the new worker");
+    println!(
+        "REBALANCE: {} of {} keys live on the new worker",
+        moved.len(),
+        keys.len()
+    );
     let group = group_of(&env.db, port).await;
     load.until(
         Duration::from_secs(15),
