@@ -16,6 +16,9 @@
 //! - `tests/faults/`: the fault suite. Real server processes on a
 //!   PostgreSQL of their own behind a proxy that breaks the network, under
 //!   load that records a history, which the checker then reads.
+//! - `tests/citus_faults/`: the same on a Citus cluster of the test's own
+//!   (the server's Citus harness): a worker stopped, a shard moved, a
+//!   worker added and the shards rebalanced.
 //! - `limit/`: the SQL limit the benchmark's `cycle` is held against, and
 //!   `scaling-figures.sql`, the script of `docs/scaling.md`'s figures.
 

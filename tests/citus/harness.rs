@@ -4,6 +4,10 @@
 //! when the process exits. Each test gets a fresh database on every node,
 //! with the `citus` extension and the workers added.
 //!
+//! A test that stops nodes or adds one starts a cluster of its own
+//! ([`private_cluster`]), stopped when the last handle to it is dropped,
+//! so that the other tests' shared cluster never sees its faults.
+//!
 //! Citus must be installed into the machine's PostgreSQL 15 (`bash
 //! .ci/citus`). Without it the tests are skipped with a message, or fail
 //! when `CI` is set. PostgreSQL refuses to run as root: then the nodes run
@@ -12,7 +16,7 @@
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 
 const BIN: &str = "/usr/lib/postgresql/15/bin";
 const CITUS_SO: &str = "/usr/lib/postgresql/15/lib/citus.so";
@@ -21,31 +25,50 @@ const CITUS_SO: &str = "/usr/lib/postgresql/15/lib/citus.so";
 pub struct Cluster {
     root: PathBuf,
     pub ports: [u16; 3],
+    /// Nodes started later ([`Cluster::start_extra_node`]).
+    extra: Mutex<Vec<u16>>,
+    /// Whether dropping the last handle stops it (a private cluster).
+    private: bool,
 }
 
-static CLUSTER: OnceLock<Option<Cluster>> = OnceLock::new();
+static CLUSTER: OnceLock<Option<Arc<Cluster>>> = OnceLock::new();
 
-/// The cluster, started on first use; `None` when Citus is not installed
-/// and `CI` is not set (the caller skips its test).
-pub fn cluster() -> Option<&'static Cluster> {
+/// Whether Citus is installed; without it, and without `CI`, says that the
+/// test is skipped.
+fn installed() -> bool {
+    if Path::new(CITUS_SO).exists() {
+        return true;
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("Citus is not installed ({CITUS_SO} is missing): run `bash .ci/citus`");
+    }
+    eprintln!(
+        "\n*** SKIPPED: Citus is not installed ({CITUS_SO} is missing); \
+         run `bash .ci/citus` to run the Citus tests ***\n"
+    );
+    false
+}
+
+/// The shared cluster, started on first use; `None` when Citus is not
+/// installed and `CI` is not set (the caller skips its test).
+pub fn cluster() -> Option<Arc<Cluster>> {
     CLUSTER
         .get_or_init(|| {
-            if !Path::new(CITUS_SO).exists() {
-                if std::env::var_os("CI").is_some() {
-                    panic!("Citus is not installed ({CITUS_SO} is missing): run `bash .ci/citus`");
-                }
-                eprintln!(
-                    "\n*** SKIPPED: Citus is not installed ({CITUS_SO} is missing); \
-                     run `bash .ci/citus` to run the Citus tests ***\n"
-                );
+            if !installed() {
                 return None;
             }
-            let cluster = Cluster::start();
+            let cluster = Cluster::start(false);
             // SAFETY: registers a plain function without arguments.
             unsafe { libc::atexit(stop_at_exit) };
-            Some(cluster)
+            Some(Arc::new(cluster))
         })
-        .as_ref()
+        .clone()
+}
+
+/// A cluster of the caller's own (its nodes may be stopped, or nodes
+/// added), stopped when its last handle is dropped; `None` as [`cluster`].
+pub fn private_cluster() -> Option<Arc<Cluster>> {
+    installed().then(|| Arc::new(Cluster::start(true)))
 }
 
 extern "C" fn stop_at_exit() {
@@ -95,25 +118,59 @@ fn free_port() -> u16 {
 }
 
 impl Cluster {
-    fn start() -> Cluster {
+    fn start(private: bool) -> Cluster {
         let root = std::env::temp_dir().join(format!("idem-citus-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&root).expect("cluster dir");
         if let Some((uid, gid)) = owner() {
             std::os::unix::fs::chown(&root, Some(uid), Some(gid)).expect("chown cluster dir");
         }
         let ports = [free_port(), free_port(), free_port()];
-        let cluster = Cluster { root, ports };
+        let cluster = Cluster {
+            root,
+            ports,
+            extra: Mutex::new(Vec::new()),
+            private,
+        };
         for port in ports {
+            cluster.init_node(port);
             cluster.start_node(port);
         }
         cluster
+    }
+
+    /// Starts one more node (not yet part of any database's cluster: see
+    /// [`CitusDatabase::add_worker`]); returns its port.
+    pub fn start_extra_node(&self) -> u16 {
+        let port = free_port();
+        self.extra.lock().unwrap().push(port);
+        self.init_node(port);
+        self.start_node(port);
+        port
+    }
+
+    /// Every node's port, the extra ones included.
+    pub fn all_ports(&self) -> Vec<u16> {
+        let mut ports = self.ports.to_vec();
+        ports.extend(self.extra.lock().unwrap().iter());
+        ports
+    }
+
+    /// Stops the node on `port` (fast shutdown: its sessions are ended).
+    pub fn stop_node(&self, port: u16) {
+        let data = self.data_dir(port);
+        let data_arg = data.to_str().expect("utf-8 path");
+        run(
+            "pg_ctl",
+            &["--pgdata", data_arg, "--mode=fast", "--wait", "stop"],
+            &self.root,
+        );
     }
 
     fn data_dir(&self, port: u16) -> PathBuf {
         self.root.join(format!("node-{port}"))
     }
 
-    fn start_node(&self, port: u16) {
+    fn init_node(&self, port: u16) {
         let data = self.data_dir(port);
         let data_arg = data.to_str().expect("utf-8 path");
         run(
@@ -141,6 +198,12 @@ impl Cluster {
         let mut text = std::fs::read_to_string(&conf).expect("read postgresql.conf");
         text.push_str(&settings);
         std::fs::write(&conf, text).expect("write postgresql.conf");
+    }
+
+    /// Starts the node on `port` (again, after [`Cluster::stop_node`]).
+    pub fn start_node(&self, port: u16) {
+        let data = self.data_dir(port);
+        let data_arg = data.to_str().expect("utf-8 path");
         let log = data.join("postgres.log");
         run(
             "pg_ctl",
@@ -158,7 +221,7 @@ impl Cluster {
     }
 
     fn stop(&self) {
-        for port in self.ports {
+        for port in self.all_ports() {
             let data = self.data_dir(port);
             let mut command = Command::new(Path::new(BIN).join("pg_ctl"));
             command
@@ -197,10 +260,24 @@ pub async fn connect(url: &str) -> tokio_postgres::Client {
     client
 }
 
+/// The database `name` on the node on `port`, with the `citus` extension.
+async fn create_on_node(cluster: &Cluster, port: u16, name: &str) {
+    connect(&cluster.url(port, "postgres"))
+        .await
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .expect("create database");
+    connect(&cluster.url(port, name))
+        .await
+        .batch_execute("SET client_min_messages = warning; CREATE EXTENSION citus")
+        .await
+        .expect("create extension citus");
+}
+
 /// A database of one test on every node of the cluster, Citus set up in
 /// it; dropped on every node when the test ends.
 pub struct CitusDatabase {
-    pub cluster: &'static Cluster,
+    pub cluster: Arc<Cluster>,
     pub name: String,
     /// The coordinator's database: what the server is given.
     pub url: String,
@@ -209,25 +286,21 @@ pub struct CitusDatabase {
 impl CitusDatabase {
     /// `None` when the cluster is skipped (see [`cluster`]).
     pub async fn create() -> Option<CitusDatabase> {
-        let cluster = cluster()?;
+        Some(CitusDatabase::create_on(cluster()?).await)
+    }
+
+    /// A fresh database on `cluster` (the shared one, or a private one).
+    pub async fn create_on(cluster: Arc<Cluster>) -> CitusDatabase {
         let name = format!("idem_citus_{}", uuid::Uuid::new_v4().simple());
         for port in cluster.ports {
-            connect(&cluster.url(port, "postgres"))
-                .await
-                .batch_execute(&format!("CREATE DATABASE {name}"))
-                .await
-                .expect("create database");
-            connect(&cluster.url(port, &name))
-                .await
-                .batch_execute("SET client_min_messages = warning; CREATE EXTENSION citus")
-                .await
-                .expect("create extension citus");
+            create_on_node(&cluster, port, &name).await;
         }
         let db = CitusDatabase {
-            cluster,
             url: cluster.url(cluster.coordinator(), &name),
+            cluster,
             name,
         };
+        let cluster = &db.cluster;
         let coordinator = db.connect().await;
         coordinator
             .execute(
@@ -239,7 +312,16 @@ impl CitusDatabase {
         for port in cluster.workers() {
             add_node(&coordinator, port).await;
         }
-        Some(db)
+        db
+    }
+
+    /// Adds the node on `port` (from [`Cluster::start_extra_node`]) to this
+    /// database's cluster as a worker: the database and the extension on
+    /// it, then `citus_add_node` (which copies the metadata and our objects
+    /// there). It holds no shards until they are moved to it.
+    pub async fn add_worker(&self, port: u16) {
+        create_on_node(&self.cluster, port, &self.name).await;
+        add_node(&self.connect().await, port).await;
     }
 
     /// A connection to the coordinator's database.
@@ -278,11 +360,19 @@ async fn add_node(coordinator: &tokio_postgres::Client, port: u16) {
     }
 }
 
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.private {
+            self.stop();
+        }
+    }
+}
+
 impl Drop for CitusDatabase {
     fn drop(&mut self) {
         let urls: Vec<String> = self
             .cluster
-            .ports
+            .all_ports()
             .iter()
             .map(|port| self.cluster.url(*port, "postgres"))
             .collect();

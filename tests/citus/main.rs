@@ -7,6 +7,9 @@ mod app;
 mod batches;
 mod calls;
 mod cluster;
+// Shared with the bench crate's Citus fault tests, which start clusters of
+// their own and stop or add nodes; these tests use the shared cluster.
+#[allow(dead_code)]
 mod harness;
 // The request builders and readers of the API tests; this binary uses
 // only some of them.
