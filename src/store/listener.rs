@@ -136,6 +136,11 @@ impl Listener {
                 at_once = true;
                 continue;
             }
+            if ended == Ended::NodesChanged {
+                tracing::info!(reason = %why, "listening on the cluster's nodes as they are now");
+                at_once = true;
+                continue;
+            }
             at_once = false;
             state.send_replace(false);
             crate::metrics::listener_connected(false);
@@ -179,6 +184,9 @@ enum Ended {
     Failed,
     /// A check got no answer in time.
     Silent,
+    /// A Citus node was added or removed: a new session listens on the
+    /// nodes as they are now.
+    NodesChanged,
 }
 
 /// One connected session: LISTEN, then read the clock every `interval`
@@ -255,12 +263,16 @@ async fn listen_once(
                 );
             }
         }
-        if let Some(why) = check_nodes(&nodes, interval).await {
+        let Some(nodes) = &nodes else { continue };
+        if let Some(why) = check_nodes(nodes, interval).await {
             break (why, Ended::Failed);
+        }
+        if let Some(why) = nodes_changed(&client, nodes).await {
+            break (why, Ended::NodesChanged);
         }
     };
     driver.abort();
-    for node in nodes {
+    for node in nodes.into_iter().flatten() {
         node.driver.abort();
     }
     ended
@@ -304,18 +316,18 @@ struct NodeSession {
 
 /// On a Citus coordinator, a LISTEN session on each other node of the
 /// cluster (`pg_dist_node`): the functions run on the node that holds the
-/// key's row, and a NOTIFY reaches only that node's listeners. Nothing on
-/// plain PostgreSQL. Nodes added later are listened to from the next
-/// session on (a lost session on any node starts a new one on all).
+/// key's row, and a NOTIFY reaches only that node's listeners. `None` on
+/// plain PostgreSQL. A node added or removed later ends the session
+/// ([`nodes_changed`]), and the next one listens on the new set.
 async fn listen_on_other_nodes(
     pg: &tokio_postgres::Config,
     client: &tokio_postgres::Client,
     connect_within: Duration,
     on_change: &Arc<dyn Fn(Change) + Send + Sync>,
-) -> Result<Vec<NodeSession>, String> {
+) -> Result<Option<Vec<NodeSession>>, String> {
     let nodes = match super::citus::present(client).await {
         Ok(true) => super::citus::other_nodes(client).await,
-        Ok(false) => Ok(Vec::new()),
+        Ok(false) => return Ok(None),
         Err(e) => Err(e),
     }
     .map_err(|e| format!("reading the Citus nodes failed: {e}"))?;
@@ -360,7 +372,7 @@ async fn listen_on_other_nodes(
             }
         }
     }
-    Ok(sessions)
+    Ok(Some(sessions))
 }
 
 /// Why one of the other nodes' sessions is lost, if one is: it ended, or
@@ -382,6 +394,24 @@ async fn check_nodes(nodes: &[NodeSession], interval: Duration) -> Option<String
         }
     }
     None
+}
+
+/// Whether the cluster's other nodes are no longer those `nodes` listens
+/// on (a worker added, removed or moved), read from the coordinator's
+/// metadata; why, if so.
+async fn nodes_changed(client: &tokio_postgres::Client, nodes: &[NodeSession]) -> Option<String> {
+    let now = match super::citus::other_nodes(client).await {
+        Ok(now) => now,
+        Err(e) => return Some(format!("reading the Citus nodes failed: {e}")),
+    };
+    let listened = nodes.iter().map(|node| node.name.as_str());
+    let same = now.len() == nodes.len()
+        && now
+            .iter()
+            .map(|(host, port)| format!("{host}:{port}"))
+            .zip(listened)
+            .all(|(now, listened)| now == listened);
+    (!same).then(|| "the cluster's nodes changed".to_owned())
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! Whether a waiter on a key that lives on a node added while the server
-//! runs is woken by its holder's Complete: the listener listens on the
-//! nodes `pg_dist_node` lists when its session starts.
+//! runs is woken by its holder's Complete: the listener follows the nodes
+//! `pg_dist_node` lists.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -84,8 +84,7 @@ pub async fn waiter_answers_after(env: &Env, key: &str) -> Duration {
 const SERVER_SESSIONS: &str = "FROM pg_stat_activity WHERE datname = current_database() \
      AND application_name = 'idempotency-coordinator'";
 
-/// Waits until the server's listener has a session on the node on `port`
-/// (the listener's next session includes it).
+/// Waits until the server's listener has a session on the node on `port`.
 pub async fn until_listening_on(env: &Env, port: u16, within: Duration) {
     let node = env.db.connect_worker(port).await;
     let end = Instant::now() + within;
@@ -104,19 +103,4 @@ pub async fn until_listening_on(env: &Env, port: u16, within: Duration) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// Ends the server's listener sessions on the worker on `port`: what an
-/// operator can run after adding a node, so that each server's listener
-/// starts a new session, which reads `pg_dist_node` again.
-pub async fn end_listen_sessions(env: &Env, port: u16) {
-    env.db
-        .connect_worker(port)
-        .await
-        .execute(
-            &format!("SELECT pg_terminate_backend(pid) {SERVER_SESSIONS}"),
-            &[],
-        )
-        .await
-        .expect("end the listener's sessions");
 }
