@@ -7,9 +7,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use idempotency_coordinator::proto::{self, Decision, Status};
 use tokio::task::JoinHandle;
 
-use crate::app::{CitusApp, group_of, range_of_group, spawn_citus_app_with, worker_of};
+use crate::app::{CitusApp, spawn_citus_app_with};
 use crate::harness::CitusDatabase;
 use crate::helpers::*;
+use crate::placement::{group_of, range_of_group, worker_of};
 
 /// A server with one shared connection, so one batch worker per kind: calls
 /// that arrive while it is busy queue and go out together.

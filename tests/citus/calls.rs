@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use idempotency_coordinator::proto::{self, Decision, Status};
 
-use crate::app::{group_of, range_of_group, spawn_citus_app, worker_of};
+use crate::app::spawn_citus_app;
 use crate::helpers::*;
+use crate::placement::{group_of, range_of_group, worker_of};
 
 #[tokio::test]
 async fn a_new_key_proceeds_on_its_worker_and_a_second_caller_is_in_progress() {

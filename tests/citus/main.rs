@@ -18,4 +18,6 @@ mod harness;
 mod helpers;
 mod maintenance;
 mod migrations;
+#[allow(dead_code)]
+mod placement;
 mod waiting;

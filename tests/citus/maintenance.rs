@@ -13,8 +13,9 @@ use idempotency_coordinator::recovery::WebhookConfig;
 use idempotency_coordinator::store::CallTime;
 use tokio_stream::StreamExt;
 
-use crate::app::{CitusApp, spawn_citus_app_with, worker_of};
+use crate::app::{CitusApp, spawn_citus_app_with};
 use crate::helpers::*;
+use crate::placement::worker_of;
 
 /// Keys named `prefix-0` ... `prefix-7`, checked to live on both workers.
 async fn spread(app: &CitusApp, prefix: &str) -> Vec<String> {

@@ -18,6 +18,8 @@ mod client;
 mod harness;
 mod listening;
 mod load;
+#[allow(dead_code)]
+#[path = "../../../tests/citus/placement.rs"]
 mod placement;
 mod rebalance;
 mod setup;

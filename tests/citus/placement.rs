@@ -1,5 +1,7 @@
 //! Where keys live: the node and the shard of each, as the coordinator's
-//! metadata says now.
+//! metadata says now, and the fencing tokens each node group draws. Shared
+//! by the server's Citus tests and the Citus fault tests; each uses part
+//! of it.
 
 use std::collections::BTreeMap;
 
@@ -45,6 +47,13 @@ pub async fn keys_by_node(db: &CitusDatabase, n: usize) -> BTreeMap<u16, Vec<Str
         by_node.entry(port).or_default().push(key);
     }
     by_node
+}
+
+/// The port of the worker that holds `key`'s shard.
+pub async fn worker_of(db: &CitusDatabase, key: &str) -> u16 {
+    let [(_, _, port)] = <[_; 1]>::try_from(placements(db, &[key.to_owned()]).await)
+        .expect("one placement for one key");
+    port
 }
 
 /// The node group of the node on `port`.
