@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use idempotency_bench::history::{self, Call, CallKind, Entry};
 use idempotency_bench::recorder;
-use idempotency_coordinator::proto::{self, complete_request::Outcome};
+use idempotency_coordinator::proto;
 
 use crate::client::Recording;
 use crate::harness::CitusDatabase;
@@ -155,22 +155,7 @@ async fn cycle(client: &mut Recording, stop: &AtomicBool, id: &str, key: &str, p
     };
     let Some(lease) = lease else { return };
     tokio::time::sleep(Duration::from_millis(20)).await; // the work
-    let outcome = if pick % 5 == 1 {
-        Outcome::Release(proto::Release {})
-    } else {
-        Outcome::Success(proto::Success {
-            result: format!("{id}-f{}", lease.fencing_token).into_bytes(),
-            content_type: "text/plain".into(),
-            status_code: 200,
-            result_ref: String::new(),
-        })
-    };
-    let req = proto::CompleteRequest {
-        scope: SCOPE.into(),
-        key: key.into(),
-        lease_token: lease.token,
-        outcome: Some(outcome),
-    };
+    let req = crate::client::cycle_complete(SCOPE, key, lease, pick, id);
     while retryable(&client.complete(req.clone(), DEADLINE).await) {
         if stop.load(Ordering::Relaxed) {
             return;

@@ -179,3 +179,32 @@ impl Health {
         ServingStatus::try_from(answer.into_inner().status).ok()
     }
 }
+
+/// The Complete a load cycle sends once its work is done: one pick in five
+/// releases the lease; the others succeed with a result naming `who` and
+/// the lease's fencing token, so that a replay shows whose result it is.
+pub fn cycle_complete(
+    scope: &str,
+    key: &str,
+    lease: proto::Lease,
+    pick: u128,
+    who: &str,
+) -> proto::CompleteRequest {
+    use proto::complete_request::Outcome;
+    let outcome = if pick % 5 == 1 {
+        Outcome::Release(proto::Release {})
+    } else {
+        Outcome::Success(proto::Success {
+            result: format!("{who}-f{}", lease.fencing_token).into_bytes(),
+            content_type: "text/plain".into(),
+            status_code: 200,
+            result_ref: String::new(),
+        })
+    };
+    proto::CompleteRequest {
+        scope: scope.into(),
+        key: key.into(),
+        lease_token: lease.token,
+        outcome: Some(outcome),
+    }
+}

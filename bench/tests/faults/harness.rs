@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use idempotency_bench::history::{self, Call, CallKind, Entry};
 use idempotency_bench::recorder::{self, now_us};
-use idempotency_coordinator::proto::{self, complete_request::Outcome};
+use idempotency_coordinator::proto;
 use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::binary;
@@ -335,22 +335,7 @@ async fn cycle(clients: &mut [Recording], w: usize, n: u64, key: &str, pick: u12
     }
     let Some(lease) = lease else { return };
     tokio::time::sleep(Duration::from_millis(20)).await; // the work
-    let outcome = if pick % 5 == 1 {
-        Outcome::Release(proto::Release {})
-    } else {
-        Outcome::Success(proto::Success {
-            result: format!("w{w}-f{}", lease.fencing_token).into_bytes(),
-            content_type: "text/plain".into(),
-            status_code: 200,
-            result_ref: String::new(),
-        })
-    };
-    let req = proto::CompleteRequest {
-        scope: SCOPE.into(),
-        key: key.into(),
-        lease_token: lease.token,
-        outcome: Some(outcome),
-    };
+    let req = crate::client::cycle_complete(SCOPE, key, lease, pick, &format!("w{w}"));
     for _ in 0..4 {
         match clients[0].complete(req.clone(), DEADLINE).await {
             Some(Ok(_)) => return,
