@@ -7,6 +7,7 @@ mod app;
 mod batches;
 mod calls;
 mod cluster;
+mod direct;
 // Shared with the bench crate's Citus fault tests, which start clusters of
 // their own and stop or add nodes; these tests use the shared cluster.
 #[allow(dead_code)]
