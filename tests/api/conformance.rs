@@ -20,20 +20,33 @@
 //!
 //! `shape` says which fields legitimately differ from path to path, and how
 //! they are compared instead; `watch` how a watcher's events are.
+//!
+//! The matrix runs in two test binaries: the API suite's, on one
+//! PostgreSQL, and the Citus suite's (`tests/citus`), on a Citus cluster.
+//! Each gets its database, the gate and the count of a group commit's
+//! writers from `crate::backend`, which each binary defines. The children
+//! are named by path so that they resolve the same from either binary.
 
+#[path = "conformance/acquire.rs"]
 mod acquire;
+#[path = "conformance/complete.rs"]
 mod complete;
+#[path = "conformance/new_key.rs"]
 mod new_key;
+#[path = "conformance/shape.rs"]
 mod shape;
+#[path = "conformance/watch.rs"]
 mod watch;
 
 use std::fmt::Debug;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use idempotency_coordinator::config::ServeConfig;
 use idempotency_coordinator::proto;
 use tokio_postgres::{Client, GenericClient, Transaction};
 
+use crate::backend::{self, Database};
 use crate::helpers::*;
 
 /// The fingerprint every record is created with.
@@ -95,9 +108,51 @@ async fn complete_in_sql(
     .unwrap();
 }
 
+/// The `updated_at` of the record `key`.
+async fn updated_at(db: &impl GenericClient, key: &str) -> DateTime<Utc> {
+    db.query_one(
+        &format!("SELECT updated_at FROM idempotency_keys WHERE {WHERE_KEY}"),
+        &[&"s", &key],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// Sets each of `columns` of the record `key` to the record's `updated_at`
+/// plus its offset, in seconds. The times are computed here and sent as
+/// values: Citus refuses an UPDATE of a distributed table that applies a
+/// STABLE operator (`timestamptz - interval`) to a column.
+async fn set_after_update(db: &impl GenericClient, key: &str, columns: &[(&str, i64)]) {
+    let updated = updated_at(db, key).await;
+    let mut set = Vec::new();
+    let mut times = Vec::new();
+    for (i, (column, seconds)) in columns.iter().enumerate() {
+        set.push(format!("{column} = ${}", i + 3));
+        times.push(updated + chrono::Duration::seconds(*seconds));
+    }
+    let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&"s", &key];
+    params.extend(
+        times
+            .iter()
+            .map(|t| t as &(dyn tokio_postgres::types::ToSql + Sync)),
+    );
+    db.execute(
+        &format!(
+            "UPDATE idempotency_keys SET {} WHERE {WHERE_KEY}",
+            set.join(", ")
+        ),
+        &params,
+    )
+    .await
+    .unwrap();
+}
+
 /// Puts the PROCESSING record `key` (leased with `token`) into `state`.
 /// Times are set relative to the record's own (`updated_at`, or `now()` for
-/// both), so that every record put in a state has the same offsets.
+/// both), so that every record put in a state has the same offsets. Values
+/// a statement would draw (a new lease token) are drawn here: Citus refuses
+/// volatile functions in an UPDATE of a distributed table.
 async fn put_in(db: &impl GenericClient, key: &str, token: uuid::Uuid, state: State) {
     let update = |set: &str| format!("UPDATE idempotency_keys SET {set} WHERE {WHERE_KEY}");
     match state {
@@ -105,11 +160,11 @@ async fn put_in(db: &impl GenericClient, key: &str, token: uuid::Uuid, state: St
             // A new lease, so that a waiter on the old one sees a change.
             db.execute(
                 &update(
-                    "lease_token = gen_random_uuid(), updated_at = now(),
+                    "lease_token = $3, updated_at = now(),
                      lease_expires_at = now() + interval '1 minute',
                      expires_at = now() + interval '1 hour'",
                 ),
-                &[&"s", &key],
+                &[&"s", &key, &uuid::Uuid::new_v4()],
             )
             .await
             .unwrap();
@@ -129,22 +184,15 @@ async fn put_in(db: &impl GenericClient, key: &str, token: uuid::Uuid, state: St
         State::FailedDue | State::FailedNotDue => {
             complete_in_sql(db, key, token, "FAILURE", false).await;
             let due = match state {
-                State::FailedDue => "updated_at - interval '1 second'",
-                _ => "updated_at + interval '1 hour'",
+                State::FailedDue => -1,
+                _ => 3600,
             };
-            db.execute(&update(&format!("next_retry_at = {due}")), &[&"s", &key])
-                .await
-                .unwrap();
+            set_after_update(db, key, &[("next_retry_at", due)]).await;
         }
         State::FailedPermanent => complete_in_sql(db, key, token, "FAILURE", true).await,
         State::Expired => {
             complete_in_sql(db, key, token, "SUCCESS", false).await;
-            db.execute(
-                &update("expires_at = updated_at - interval '1 second'"),
-                &[&"s", &key],
-            )
-            .await
-            .unwrap();
+            set_after_update(db, key, &[("expires_at", -1)]).await;
         }
     }
 }
@@ -210,7 +258,7 @@ fn acquire_with(key: &str, fingerprint: &str) -> proto::AcquireRequest {
     request
 }
 
-async fn server(db: &TestDatabase, configure: impl FnOnce(&mut ServeConfig)) -> TestServer {
+async fn server(db: &Database, configure: impl FnOnce(&mut ServeConfig)) -> TestServer {
     let mut config = ServeConfig::new("127.0.0.1:0".parse().unwrap(), db.url.clone());
     config.sweep_interval = Duration::ZERO;
     configure(&mut config);
@@ -228,7 +276,7 @@ struct Servers {
 }
 
 impl Servers {
-    async fn start(db: &TestDatabase) -> Self {
+    async fn start(db: &Database) -> Self {
         Servers {
             single: server(db, |c| {
                 c.store.shared_connections = 0;
@@ -254,10 +302,22 @@ impl Servers {
 }
 
 /// A server whose calls of a kind run as one batch when they queue behind
-/// the gate (`helpers::gate`), installed on `sql`'s database.
-async fn gated_server(db: &TestDatabase, sql: &Client) -> TestServer {
-    install_gate(sql).await;
-    server(db, |c| c.store.shared_connections = 1).await
+/// the gate (`helpers::gate`), and the gate, installed in `db`.
+async fn gated_server(db: &Database) -> (TestServer, Gate) {
+    let gate = backend::gate(db).await;
+    (server(db, |c| c.store.shared_connections = 1).await, gate)
+}
+
+/// Fails the test unless one transaction on each node wrote the rows of
+/// `keys` that node holds: a group commit is one statement, one commit,
+/// per node (on a Citus cluster, the batch is split by the node holding
+/// each key).
+async fn assert_one_writer_per_node(db: &Database, keys: &[String]) {
+    let writers = backend::writers_per_node(db, keys).await;
+    assert!(
+        !writers.is_empty() && writers.iter().all(|n| *n == 1),
+        "one statement per node wrote them all: writers per node {writers:?}"
+    );
 }
 
 /// Answers compared with their reference, and the ones that disagree.
