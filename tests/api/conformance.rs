@@ -8,8 +8,10 @@
 //!   `idempotency_acquire` alone answers for the same record, over a matrix
 //!   of record states and request fingerprints. The reference is
 //!   `idempotency_acquire` run on the record as it stands, in a transaction
-//!   that is rolled back, right before the path answers. A watcher of each
-//!   record sees the same events through each server.
+//!   that is rolled back, right before the path answers; it in turn answers
+//!   what the contract says for the state and fingerprints, on whichever
+//!   database the matrix runs. A watcher of each record sees the same
+//!   events through each server.
 //! - `new_key`: a key nobody has used, on every path and in a group commit:
 //!   the whole answer (decision, lease, record) and the record read back
 //!   after it, compared with what `idempotency_acquire` answers and creates.

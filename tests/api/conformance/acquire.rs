@@ -12,7 +12,26 @@ use super::{
 use crate::backend;
 use crate::helpers::*;
 
-/// The batch's pre-check, straight in SQL, on a record in `state`.
+/// What the contract says an Acquire answers on a record in `state` when
+/// the record's fingerprint and the call's are `same` or not (no
+/// fingerprint is one of its own): a record there is conflicts with any
+/// other fingerprint; with its own, each state has its decision. Pins the
+/// reference, so that every database the matrix runs on answers alike.
+fn contract(state: State, same: bool) -> String {
+    let decision = match state {
+        State::Expired => "PROCEED",
+        _ if !same => "CONFLICT",
+        State::ProcessingLive => "IN_PROGRESS",
+        State::ProcessingExpired | State::FailedDue => "PROCEED",
+        State::Succeeded => "ALREADY_DONE",
+        State::FailedNotDue => "RETRY_LATER",
+        State::FailedPermanent => "EXHAUSTED",
+    };
+    decision.to_owned()
+}
+
+/// The batch's pre-check, straight in SQL, on a record in `state`; and the
+/// reference, against the contract.
 async fn check_the_batch_precheck(
     sql: &mut Client,
     tally: &mut Tally,
@@ -24,7 +43,10 @@ async fn check_the_batch_precheck(
     put_in(&*sql, &key, token, state).await;
     let expected = reference(sql, &key, fingerprint).await;
     let got = batch_precheck(sql, &key, fingerprint).await;
-    let case = format!("{state:?} / fingerprint {fingerprint:?} / batch");
+    let case = format!("{state:?} / fingerprint {fingerprint:?}");
+    let agreed = contract(state, fingerprint == CREATED_WITH);
+    tally.compare(&case, "the contract", &agreed, &expected);
+    let case = format!("{case} / batch");
     tally.compare(&case, "idempotency_acquire", &expected, &got);
 }
 
@@ -111,6 +133,9 @@ async fn check_a_waiter_woken_by_a_change(
     .await
     .unwrap();
     let expected = reference_in(&mut tx, &key, CREATED_WITH).await;
+    let case = format!("waiting / {state:?} / record fingerprint {fingerprint:?}");
+    let agreed = contract(state, fingerprint == CREATED_WITH);
+    tally.compare(&case, "the contract", &agreed, &expected);
     // The row made a value of the table's type: on a Citus cluster the
     // statement runs on a shard, whose rows are of the shard's own type.
     tx.execute(
@@ -124,7 +149,6 @@ async fn check_a_waiter_woken_by_a_change(
     .unwrap();
     tx.commit().await.unwrap();
     let answer = waiter.await.unwrap().unwrap().into_inner();
-    let case = format!("waiting / {state:?} / record fingerprint {fingerprint:?}");
     tally.compare(
         &case,
         "idempotency_acquire",
