@@ -18,6 +18,14 @@
 -- have), and a check per row would read the clock once per call. It runs
 -- after the batch, before the commit, as the single calls' does.
 --
+-- The Complete batch's routed form runs idempotency_complete for each call
+-- in turn rather than idempotency_complete_batch: the batch's success
+-- UPDATE sets `expires_at = v_now + k.retention`, a STABLE operator over a
+-- column, which Citus refuses in an UPDATE of a distributed table (and
+-- rewriting it with immutable operators crashed Citus 13.2.2's worker
+-- backend). The same decisions, one commit per node; each success costs
+-- the row lock idempotency_complete takes before its UPDATE.
+--
 -- PL/pgSQL: a LANGUAGE sql set-returning function is inlined into the
 -- caller's statement before Citus sees a function call to delegate.
 --
@@ -73,12 +81,16 @@ CREATE OR REPLACE FUNCTION idempotency_complete_batch_at(
 RETURNS TABLE (ord integer, outcome text, rec idempotency_keys)
 LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY
-        SELECT b.ord, b.outcome, b.rec
-          FROM idempotency_complete_batch(p_tenant, p_scope, p_key, p_token, p_outcome, p_result,
-                                          p_content_type, p_status_code, p_result_ref, p_error,
-                                          p_permanent, p_retry_after_ms, p_backoff_base_ms,
-                                          p_backoff_cap_ms, p_clock_offset_ms) b;
+    FOR i IN 1 .. coalesce(array_length(p_key, 1), 0) LOOP
+        RETURN QUERY
+            SELECT i, c.outcome, c.rec
+              FROM idempotency_complete(p_tenant[i], p_scope[i], p_key[i], p_token[i],
+                                        p_outcome[i], p_result[i], p_content_type[i],
+                                        p_status_code[i], p_result_ref[i], p_error[i],
+                                        p_permanent[i], p_retry_after_ms[i],
+                                        p_backoff_base_ms[i], p_backoff_cap_ms[i],
+                                        p_clock_offset_ms) c;
+    END LOOP;
     PERFORM idempotency_in_time(p_deadline, p_clock_offset_ms);
 END;
 $$;

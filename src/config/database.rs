@@ -87,6 +87,13 @@ pub struct StatementArgs {
     #[arg(long, env = "IDEMPOTENCY_QUERY_TIMEOUT", default_value_t = hd(DEFAULT_QUERY_TIMEOUT))]
     pub query_timeout: humantime::Duration,
 
+    /// On a Citus cluster, send every call through the coordinator node
+    /// instead of straight to the worker holding its key (for a network
+    /// where this server cannot reach the workers). Direct by default: the
+    /// coordinator node then does no work per call.
+    #[arg(long, env = "IDEMPOTENCY_CITUS_VIA_COORDINATOR")]
+    pub citus_via_coordinator: bool,
+
     /// Do not apply pending migrations at start (run `migrate` separately).
     #[arg(long, env = "IDEMPOTENCY_SKIP_MIGRATIONS")]
     pub skip_migrations: bool,
@@ -103,6 +110,7 @@ impl StoreConfig {
             shared_connections: DEFAULT_SHARED_CONNECTIONS,
             batch_size: DEFAULT_BATCH_SIZE,
             replay_cache_bytes: DEFAULT_REPLAY_CACHE_MIB << 20,
+            citus_direct: true,
         }
     }
 
@@ -131,6 +139,7 @@ impl StatementArgs {
             shared_connections: self.shared_connections,
             batch_size: self.batch_size,
             replay_cache_bytes: self.replay_cache_mib << 20,
+            citus_direct: !self.citus_via_coordinator,
         }
     }
 }

@@ -29,7 +29,9 @@
 //!   (`shards`), and each group goes out as one routed statement
 //!   (`idempotency_acquire_batch_at`) that Citus delegates whole to that
 //!   node: one local transaction and one commit there, the groups of one
-//!   batch sent together. A group of one runs as a single call.
+//!   batch sent together, each on a shared connection straight to its node
+//!   unless the server goes through the coordinator node. A group of one
+//!   runs as a single call.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -239,7 +241,17 @@ async fn work<C: Call>(
         if batch.is_empty() {
             continue;
         }
-        let Some(shared) = connection(&settings, &mut batch).await else {
+        let map = settings.routes.map();
+        if map.is_some() {
+            shards::reread_if_due(&settings.routes, &settings.mux, settings.query_timeout);
+        }
+        if let Some(map) = map.as_deref().filter(|_| settings.routes.direct()) {
+            // Straight to the nodes: nothing goes through the coordinator.
+            run_on_nodes(&settings, &mut batch, map).await;
+            batch.clear();
+            continue;
+        }
+        let Some(shared) = connection(&settings.mux, &mut batch).await else {
             continue;
         };
         let retired = shared.retired();
@@ -247,7 +259,7 @@ async fn work<C: Call>(
             let settings = Arc::clone(&settings);
             let mut batch = std::mem::take(&mut batch);
             async move {
-                run(&settings, &mut batch, &shared).await;
+                run(&settings, &mut batch, &shared, map.as_deref()).await;
                 batch
             }
         });
@@ -271,12 +283,12 @@ async fn work<C: Call>(
 /// connect wait runs out meanwhile hears UNAVAILABLE then, not after the
 /// wait of a connection attempt begun for calls that came before it. `None`
 /// once every call of the batch has been answered.
-async fn connection<C>(settings: &Settings, batch: &mut Vec<Pending<C>>) -> Option<Arc<Shared>> {
+async fn connection<C>(mux: &Mux, batch: &mut Vec<Pending<C>>) -> Option<Arc<Shared>> {
     loop {
         drop_late(batch);
         let take_by = batch.iter().map(|pending| pending.take_by).min()?;
         let wait = take_by.saturating_duration_since(Instant::now());
-        match settings.mux.get(wait).await {
+        match mux.get(wait).await {
             Ok(shared) => {
                 // (Re)connecting may have taken a while.
                 drop_late(batch);
@@ -321,33 +333,46 @@ fn not_taken() -> StoreError {
     StoreError::Unavailable("no database connection was free in time for this call".into())
 }
 
-/// Runs the batch and answers every caller in it: as one statement, or on
-/// Citus as one statement per node, sent together.
-async fn run<C: Call>(settings: &Settings, batch: &mut Vec<Pending<C>>, shared: &Arc<Shared>) {
-    let Some(mut map) = settings.routes.map() else {
-        return run_group(settings, batch, shared, false).await;
+/// Runs the batch on `shared` (a connection to the coordinator node) and
+/// answers every caller in it: as one statement, or on Citus (`map`) as one
+/// routed statement per node, sent together.
+async fn run<C: Call>(
+    settings: &Settings,
+    batch: &mut Vec<Pending<C>>,
+    shared: &Arc<Shared>,
+    map: Option<&ShardMap>,
+) {
+    let Some(map) = map else {
+        return run_group(settings, &settings.mux, batch, shared, false).await;
     };
-    if settings.routes.reread_due() {
-        let reading = async { Ok(shards::map_of(&shared.query(shards::MAP, &[]).await?)?) };
-        match settings
-            .mux
-            .in_time(shared, settings.query_timeout, reading)
-            .await
-        {
-            Ok(fresh) => map = settings.routes.replace(fresh),
-            Err(e) => tracing::debug!(error = ?e, "batch: the map of shards was not read again"),
-        }
-    }
-    let groups = by_node(&map, std::mem::take(batch));
-    let groups = groups.into_iter().map(|mut group| async move {
-        run_group(settings, &mut group, shared, true).await;
+    let groups = by_node(map, std::mem::take(batch));
+    let groups = groups.into_iter().map(|(_, mut group)| async move {
+        run_group(settings, &settings.mux, &mut group, shared, true).await;
     });
     futures_util::future::join_all(groups).await;
 }
 
-/// `batch`'s calls grouped by the node the map places their keys on (keys
-/// it cannot place in a group of their own), each group in arrival order.
-fn by_node<C: Call>(map: &ShardMap, batch: Vec<Pending<C>>) -> Vec<Vec<Pending<C>>> {
+/// Runs the batch as one statement per node, each on a shared connection
+/// straight to its node (keys the map cannot place through the coordinator
+/// node), sent together; answers every caller in it. A node that cannot
+/// be reached fails only its own calls.
+async fn run_on_nodes<C: Call>(settings: &Settings, batch: &mut Vec<Pending<C>>, map: &ShardMap) {
+    let groups = by_node(map, std::mem::take(batch));
+    let groups = groups.into_iter().map(|(node, mut group)| async move {
+        let mux = node
+            .and_then(|node| settings.routes.node(node))
+            .unwrap_or_else(|| Arc::clone(&settings.mux));
+        if let Some(shared) = connection(&mux, &mut group).await {
+            run_group(settings, &mux, &mut group, &shared, true).await;
+        }
+    });
+    futures_util::future::join_all(groups).await;
+}
+
+/// `batch`'s calls grouped by the node group the map places their keys on
+/// (keys it cannot place in a group of their own, with no node), each
+/// group in arrival order.
+fn by_node<C: Call>(map: &ShardMap, batch: Vec<Pending<C>>) -> Vec<(Option<i32>, Vec<Pending<C>>)> {
     let mut groups: Vec<(Option<i32>, Vec<Pending<C>>)> = Vec::new();
     for pending in batch {
         let node = map.node_of(pending.call.row_key().2);
@@ -359,18 +384,18 @@ fn by_node<C: Call>(map: &ShardMap, batch: Vec<Pending<C>>) -> Vec<Vec<Pending<C
             None => groups.push((node, vec![pending])),
         }
     }
-    groups.into_iter().map(|(_, group)| group).collect()
+    groups
 }
 
 /// Runs one statement's calls (routed by one of their keys when `routed`)
 /// and answers every caller in it.
 async fn run_group<C: Call>(
     settings: &Settings,
+    mux: &Mux,
     batch: &mut Vec<Pending<C>>,
     shared: &Arc<Shared>,
     routed: bool,
 ) {
-    let mux = &settings.mux;
     crate::metrics::batch_ran(C::KIND, batch.len());
     let limit = settings.query_timeout;
     let stamp = stamp_by(settings, batch.iter().filter_map(|p| p.answer_by).min());

@@ -300,6 +300,7 @@ impl Store {
         let stamp = self.stamp(&time)?;
         let row = self
             .query_one(
+                cmd.id.key.as_str(),
                 EXTEND_LEASE,
                 &[
                     &cmd.id.tenant.as_str(),
@@ -323,6 +324,7 @@ impl Store {
         let stamp = self.stamp(&time)?;
         let row = self
             .query_one(
+                id.key.as_str(),
                 GET,
                 &[
                     &id.tenant.as_str(),
@@ -349,6 +351,7 @@ impl Store {
         let stamp = self.stamp(&time)?;
         let row = self
             .query_one(
+                id.key.as_str(),
                 WATCH,
                 &[
                     &id.tenant.as_str(),

@@ -5,6 +5,7 @@
 //! stopped answering, and the next statement on it would wait as long.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Object, Timeouts};
@@ -15,7 +16,8 @@ use super::batch::{self, Call};
 use super::clock::Stamp;
 use super::connect_error::ConnectError;
 use super::error::{PastDeadline, QueryTimeout};
-use super::mux::statement_limit_until;
+use super::mux::{Mux, statement_limit_until};
+use super::shards;
 use super::{CallTime, Store, StoreError};
 
 pub(crate) fn millis(d: Duration) -> i64 {
@@ -93,22 +95,30 @@ impl Store {
     /// The statement's future (several KB: connection, timeout, prepare and
     /// query states) lives on the heap only while the statement runs, so a
     /// call sleeping in its wait window between statements does not carry it.
+    ///
+    /// `key` is the key of the record the call concerns: on Citus, when the
+    /// server connects to the nodes, the statement goes straight to the
+    /// node holding it.
     pub(super) async fn query_one(
         &self,
+        key: &str,
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
         time: CallTime,
     ) -> Result<Option<Row>, StoreError> {
-        Box::pin(self.run_query_one(sql, params, time)).await
+        Box::pin(self.run_query_one(key, sql, params, time)).await
     }
 
     pub(super) async fn run_query_one(
         &self,
+        key: &str,
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
         time: CallTime,
     ) -> Result<Option<Row>, StoreError> {
-        if let Some(mux) = &self.mux {
+        if let Some(coordinator) = &self.mux {
+            let node = self.node_of_key(coordinator, key);
+            let mux = node.as_deref().unwrap_or(coordinator);
             let shared = mux.get(self.connect_wait_of(&time)).await?;
             return mux
                 .in_time(&shared, self.query_timeout, shared.query_opt(sql, params))
@@ -118,7 +128,7 @@ impl Store {
     }
 
     /// One of the hot calls: queued for a batch when batching is on, else
-    /// run alone like any other call.
+    /// run alone like any other call (on Citus, on the node of its key).
     ///
     /// Not an `async fn`, so that the future the caller awaits holds the
     /// call's arguments only when it runs the statement itself (boxed). A
@@ -136,10 +146,26 @@ impl Store {
             }
             None => Either::Right(Box::pin(async move {
                 let stamp = self.stamp(&time)?;
-                self.query_one(C::ALONE, call.params(&stamp).as_ref(), time)
-                    .await
+                self.query_one(
+                    call.row_key().2,
+                    C::ALONE,
+                    call.params(&stamp).as_ref(),
+                    time,
+                )
+                .await
             })),
         }
+    }
+
+    /// On Citus, the shared connections to the node holding `key`, when
+    /// the server connects to the nodes and knows it; the map is read again
+    /// in the background when it is due.
+    fn node_of_key(&self, coordinator: &Arc<Mux>, key: &str) -> Option<Arc<Mux>> {
+        if !self.distributed() {
+            return None;
+        }
+        shards::reread_if_due(&self.routes, coordinator, self.query_timeout);
+        self.routes.node_of_key(key)
     }
 
     /// One row, on a pooled connection of its own: for maintenance, whose

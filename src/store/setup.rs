@@ -33,6 +33,9 @@ pub struct StoreConfig {
     pub batch_size: usize,
     /// Memory for SUCCEEDED records that replays are answered from; 0: none.
     pub replay_cache_bytes: u64,
+    /// On Citus, calls on shared connections go straight to the node
+    /// holding their key (`shards`), not through the coordinator node.
+    pub citus_direct: bool,
 }
 
 pub(super) struct Batches {
@@ -89,6 +92,12 @@ impl Store {
             .runtime(Runtime::Tokio1)
             .build()
             .map_err(|e| StoreError::Config(Box::new(e)))?;
+        let direct =
+            (config.citus_direct && config.shared_connections > 0).then(|| super::shards::Direct {
+                pg: pg.clone(),
+                connections: config.shared_connections,
+                query_timeout: config.query_timeout,
+            });
         let mux = (config.shared_connections > 0).then(|| {
             Arc::new(mux::Mux::new(
                 pg,
@@ -96,7 +105,7 @@ impl Store {
                 config.query_timeout,
             ))
         });
-        let routes = Arc::new(super::shards::Routes::default());
+        let routes = Arc::new(super::shards::Routes::new(direct));
         let batches = match &mux {
             Some(mux) if config.batch_size > 1 => {
                 if tokio::runtime::Handle::try_current().is_err() {

@@ -8,28 +8,42 @@
 //! against the database's `worker_hash` before the map is used; a server
 //! whose hash disagrees sends every call alone, as without a map).
 //!
-//! The map is only ever a guess at where to send a batch: each group goes
-//! out as one call of `idempotency_acquire_batch_at` (or `_complete_`),
-//! which Citus delegates to the node of its routing key and whose
-//! statements Citus routes to wherever their rows live now. A stale map
-//! (shards moved since it was read) thus costs a hop and a distributed
-//! commit, never a wrong answer, and only until a batch worker reads the
-//! map again ([`REREAD`] after the last reading, before its next batch).
+//! With the map come the nodes' addresses: unless told to go through the
+//! coordinator node (`--citus-via-coordinator`), the server keeps shared
+//! connections to every node that holds shards ([`Routes::node`]) and sends
+//! each call, and each node's share of a batch, straight there. Every node
+//! of a Citus 11+ cluster has the metadata, so a distributed function
+//! called on the node that holds its key's shard runs there, locally: the
+//! coordinator node does no work per call.
+//!
+//! The map is only ever a guess at where to send a call: each batch group
+//! goes out as one call of `idempotency_acquire_batch_at` (or
+//! `_complete_`), which Citus delegates to the node of its routing key and
+//! whose statements Citus routes to wherever their rows live now; a single
+//! call is a delegated function call, routed the same way from whichever
+//! node receives it. A stale map (shards moved since it was read) thus
+//! costs a hop and a distributed commit, never a wrong answer, and only
+//! until the map is read again ([`REREAD`] after the last reading).
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_postgres::{GenericClient, Row};
 
+use super::StoreError;
+use super::mux::Mux;
+
 /// How old the map gets before a batch worker reads it again.
 pub(super) const REREAD: Duration = Duration::from_secs(30);
 
-/// The shards of `idempotency_keys`: hash range and the node group that
-/// holds it (one placement of each).
+/// The shards of `idempotency_keys`: hash range, the node group that holds
+/// it (one placement of each) and that group's primary node's address.
 pub(super) const MAP: &str = "SELECT DISTINCT ON (s.shardid) \
-     s.shardminvalue::int, s.shardmaxvalue::int, p.groupid \
+     s.shardminvalue::int, s.shardmaxvalue::int, p.groupid, n.nodename, n.nodeport \
      FROM pg_dist_shard s JOIN pg_dist_placement p USING (shardid) \
+     JOIN pg_dist_node n ON n.groupid = p.groupid AND n.noderole = 'primary' AND n.isactive \
      WHERE s.logicalrelid = 'idempotency_keys'::regclass AND p.shardstate = 1 \
      ORDER BY s.shardid, p.groupid";
 
@@ -61,6 +75,8 @@ const SAMPLES: &[&str] = &[
 pub(super) struct ShardMap {
     /// (lowest hash, highest hash, node group), by lowest hash.
     ranges: Vec<(i32, i32, i32)>,
+    /// Each node group's primary node: (group, host, port).
+    nodes: Vec<(i32, String, u16)>,
 }
 
 impl ShardMap {
@@ -73,16 +89,47 @@ impl ShardMap {
     }
 }
 
-/// The map batches are split by: none on plain PostgreSQL (a batch is one
-/// statement), or before a Citus coordinator's map has been read.
-#[derive(Debug, Default)]
+/// How the server connects straight to the nodes that hold shards.
+#[derive(Debug, Clone)]
+pub(super) struct Direct {
+    /// The coordinator node's settings (user, password, database, ...),
+    /// pointed at each node in turn.
+    pub pg: tokio_postgres::Config,
+    /// Shared connections to each node.
+    pub connections: usize,
+    pub query_timeout: Duration,
+}
+
+/// Shared connections to one node.
+struct Node {
+    host: String,
+    port: u16,
+    mux: Arc<Mux>,
+}
+
+/// The map calls are routed by: none on plain PostgreSQL (a batch is one
+/// statement), or before a Citus coordinator's map has been read; and the
+/// shared connections to the nodes it names, when calls go straight there.
+#[derive(Default)]
 pub(super) struct Routes {
     map: RwLock<Option<Arc<ShardMap>>>,
     /// When the map is to be read again.
     reread_at: Mutex<Option<Instant>>,
+    /// `None`: every call goes through the coordinator node.
+    direct: Option<Direct>,
+    /// By node group; kept across readings of the map while a group's
+    /// address stays the same.
+    nodes: RwLock<HashMap<i32, Node>>,
 }
 
 impl Routes {
+    pub fn new(direct: Option<Direct>) -> Self {
+        Routes {
+            direct,
+            ..Routes::default()
+        }
+    }
+
     /// Whether a map has been read: batches are split by it.
     pub fn ready(&self) -> bool {
         self.map.read().unwrap_or_else(|e| e.into_inner()).is_some()
@@ -95,6 +142,9 @@ impl Routes {
     /// Sets the map (none: calls run alone), to be read again in [`REREAD`].
     pub fn set(&self, map: Option<ShardMap>) {
         let reread_at = map.is_some().then(|| Instant::now() + REREAD);
+        if let Some(map) = &map {
+            self.connect_nodes(map);
+        }
         *self.map.write().unwrap_or_else(|e| e.into_inner()) = map.map(Arc::new);
         *self.reread_at.lock().unwrap_or_else(|e| e.into_inner()) = reread_at;
     }
@@ -115,27 +165,110 @@ impl Routes {
 
     /// Replaces a map with one read again.
     pub fn replace(&self, map: ShardMap) -> Arc<ShardMap> {
+        self.connect_nodes(&map);
         let map = Arc::new(map);
         *self.map.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::clone(&map));
         map
     }
+
+    /// The shared connections to node group `group`, when calls go
+    /// straight to the nodes and the map names it.
+    pub fn node(&self, group: i32) -> Option<Arc<Mux>> {
+        let nodes = self.nodes.read().unwrap_or_else(|e| e.into_inner());
+        nodes.get(&group).map(|node| Arc::clone(&node.mux))
+    }
+
+    /// Whether calls go straight to the nodes (a map read, and the server
+    /// not told to go through the coordinator node).
+    pub fn direct(&self) -> bool {
+        self.direct.is_some() && self.ready()
+    }
+
+    /// The shared connections to the node the map places `key` on.
+    pub fn node_of_key(&self, key: &str) -> Option<Arc<Mux>> {
+        self.direct.as_ref()?;
+        self.node(self.map()?.node_of(key)?)
+    }
+
+    /// Shared connections (not yet connected) for every node `map` names
+    /// that has none at its address; none kept for nodes it no longer
+    /// names.
+    fn connect_nodes(&self, map: &ShardMap) {
+        let Some(direct) = &self.direct else {
+            return;
+        };
+        let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
+        nodes.retain(|group, node| {
+            map.nodes
+                .iter()
+                .any(|(g, host, port)| g == group && *host == node.host && *port == node.port)
+        });
+        for (group, host, port) in &map.nodes {
+            nodes.entry(*group).or_insert_with(|| {
+                tracing::info!(
+                    node_group = group,
+                    host,
+                    port,
+                    "calls go straight to this node"
+                );
+                let pg = super::citus::node_config(&direct.pg, host, *port);
+                Node {
+                    host: host.clone(),
+                    port: *port,
+                    mux: Arc::new(Mux::new(pg, direct.connections, direct.query_timeout)),
+                }
+            });
+        }
+    }
+}
+
+/// Reads the map again in the background if it is due (on `coordinator`,
+/// the shared connections to the coordinator node, within `limit`): calls
+/// go on by the map they have meanwhile, and on failure it stays as it was.
+pub(super) fn reread_if_due(routes: &Arc<Routes>, coordinator: &Arc<Mux>, limit: Duration) {
+    if !routes.reread_due() {
+        return;
+    }
+    let (routes, coordinator) = (Arc::clone(routes), Arc::clone(coordinator));
+    tokio::spawn(async move {
+        let reading = async {
+            let shared = coordinator.get(limit).await?;
+            coordinator
+                .in_time(&shared, limit, async {
+                    map_of(&shared.query(MAP, &[]).await?)
+                })
+                .await
+        };
+        match reading.await {
+            Ok(fresh) => {
+                routes.replace(fresh);
+            }
+            Err(e) => tracing::debug!(error = ?e, "the map of shards was not read again"),
+        }
+    });
 }
 
 /// The map of [`MAP`]'s rows.
-pub(super) fn map_of(rows: &[Row]) -> Result<ShardMap, tokio_postgres::Error> {
-    let mut ranges = rows
-        .iter()
-        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
-        .collect::<Result<Vec<(i32, i32, i32)>, tokio_postgres::Error>>()?;
+pub(super) fn map_of(rows: &[Row]) -> Result<ShardMap, StoreError> {
+    let mut ranges = Vec::with_capacity(rows.len());
+    let mut nodes: Vec<(i32, String, u16)> = Vec::new();
+    for row in rows {
+        let group: i32 = row.try_get(2)?;
+        ranges.push((row.try_get(0)?, row.try_get(1)?, group));
+        if !nodes.iter().any(|(g, _, _)| *g == group) {
+            let port: i32 = row.try_get(4)?;
+            let port = u16::try_from(port)
+                .map_err(|_| StoreError::Corrupt(format!("node port {port} out of range")))?;
+            nodes.push((group, row.try_get(3)?, port));
+        }
+    }
     ranges.sort_unstable();
-    Ok(ShardMap { ranges })
+    Ok(ShardMap { ranges, nodes })
 }
 
 /// Reads the map of `idempotency_keys`'s shards from a Citus coordinator;
 /// `None` (with a warning) when this server's hash is not the database's.
-pub(super) async fn load(
-    client: &impl GenericClient,
-) -> Result<Option<ShardMap>, tokio_postgres::Error> {
+pub(super) async fn load(client: &impl GenericClient) -> Result<Option<ShardMap>, StoreError> {
     let rows = client
         .query(
             "SELECT k, worker_hash(k) FROM unnest($1::text[]) k",
@@ -239,6 +372,7 @@ mod tests {
     fn a_key_falls_in_the_range_that_holds_its_hash() {
         let map = ShardMap {
             ranges: vec![(i32::MIN, -1, 1), (0, i32::MAX, 2)],
+            nodes: Vec::new(),
         };
         for (key, hash) in EXPECTED {
             assert_eq!(map.node_of(key), Some(if *hash < 0 { 1 } else { 2 }));

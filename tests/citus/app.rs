@@ -18,6 +18,15 @@ impl std::ops::Deref for CitusApp {
     }
 }
 
+/// Another server on `db`, its configuration changed by `configure`.
+pub async fn server_on(db: &CitusDatabase, configure: impl FnOnce(&mut ServeConfig)) -> TestServer {
+    let mut config = ServeConfig::new("127.0.0.1:0".parse().unwrap(), db.url.clone());
+    configure(&mut config);
+    let server = start_server(config).await;
+    assert!(server.store.distributed(), "the server recognised Citus");
+    server
+}
+
 /// A server on a fresh Citus database; `None` when the cluster is skipped.
 pub async fn spawn_citus_app() -> Option<CitusApp> {
     spawn_citus_app_with(|_| {}).await
@@ -27,12 +36,6 @@ pub async fn spawn_citus_app() -> Option<CitusApp> {
 /// `configure`.
 pub async fn spawn_citus_app_with(configure: impl FnOnce(&mut ServeConfig)) -> Option<CitusApp> {
     let db = CitusDatabase::create().await?;
-    let mut config = ServeConfig::new("127.0.0.1:0".parse().unwrap(), db.url.clone());
-    configure(&mut config);
-    let server = start_server(config).await;
-    assert!(
-        server.store.distributed(),
-        "the server recognised the Citus coordinator"
-    );
+    let server = server_on(&db, configure).await;
     Some(CitusApp { server, db })
 }

@@ -12,6 +12,7 @@ mod cluster;
 // must get the same answers as on one PostgreSQL.
 #[path = "../api/conformance.rs"]
 mod conformance;
+mod direct;
 // Shared with the bench crate's Citus fault tests, which start clusters of
 // their own and stop or add nodes; these tests use the shared cluster.
 #[allow(dead_code)]
