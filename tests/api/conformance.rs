@@ -1,7 +1,9 @@
 //! The same calls get the same answers and leave the same records, whichever
 //! path they take: a single call on a pooled connection, a call alone on a
 //! shared connection with the replay cache on or off, a group commit (the
-//! batch's statement), a waiting Acquire woken by a change.
+//! batch's statement), a waiting Acquire woken by a change; on a Citus
+//! cluster also a call sent through the coordinator node rather than
+//! straight to the worker holding its key.
 //!
 //! - `acquire`: one rule for final answers, wherever it is applied: every
 //!   path that can answer an Acquire answers exactly what
@@ -25,9 +27,10 @@
 //!
 //! The matrix runs in two test binaries: the API suite's, on one
 //! PostgreSQL, and the Citus suite's (`tests/citus`), on a Citus cluster.
-//! Each gets its database, the gate and the count of a group commit's
-//! writers from `crate::backend`, which each binary defines. The children
-//! are named by path so that they resolve the same from either binary.
+//! Each gets its database, the paths of its own, the gate and the count of
+//! a group commit's writers from `crate::backend`, which each binary
+//! defines. The children are named by path so that they resolve the same
+//! from either binary.
 
 #[path = "conformance/acquire.rs"]
 mod acquire;
@@ -267,39 +270,43 @@ async fn server(db: &Database, configure: impl FnOnce(&mut ServeConfig)) -> Test
     start_server(config).await
 }
 
-/// The servers a call can go through, on one database.
-struct Servers {
-    /// A pooled connection per call, no batches, no replay cache.
-    single: TestServer,
-    /// The defaults: shared connections, batches, replay cache on.
-    cached: TestServer,
-    /// Shared connections and batches, replay cache off.
-    uncached: TestServer,
-}
+/// A path a call can take: its name, and how its server is configured.
+type Path = (&'static str, fn(&mut ServeConfig));
+
+/// The paths every database has; the first is the reference.
+const PATHS: [Path; 3] = [
+    // A pooled connection per call, no batches, no replay cache.
+    ("single call", |c| {
+        c.store.shared_connections = 0;
+        c.store.replay_cache_bytes = 0;
+    }),
+    // The defaults: shared connections, batches, replay cache on.
+    ("replay cache on", |_| {}),
+    // Shared connections and batches, replay cache off.
+    ("replay cache off", |c| c.store.replay_cache_bytes = 0),
+];
+
+/// The servers a call can go through, on one database: one per path of
+/// [`PATHS`], then one per path the database adds (`backend::PATHS`).
+struct Servers(Vec<(&'static str, TestServer)>);
 
 impl Servers {
     async fn start(db: &Database) -> Self {
-        Servers {
-            single: server(db, |c| {
-                c.store.shared_connections = 0;
-                c.store.replay_cache_bytes = 0;
-            })
-            .await,
-            cached: server(db, |_| {}).await,
-            uncached: server(db, |c| c.store.replay_cache_bytes = 0).await,
+        let mut servers = Vec::new();
+        for (name, configure) in PATHS.iter().chain(backend::PATHS) {
+            servers.push((*name, server(db, configure).await));
         }
+        Servers(servers)
     }
 
-    /// The paths' names, in the order of [`Servers::paths`].
-    const NAMES: [&'static str; 3] = ["single call", "replay cache on", "replay cache off"];
+    /// Each path's name and server, the reference first.
+    fn paths(&self) -> impl Iterator<Item = (&'static str, &TestServer)> {
+        self.0.iter().map(|(name, server)| (*name, server))
+    }
 
-    fn paths(&self) -> [(&'static str, &TestServer); 3] {
-        let [single, cached, uncached] = Self::NAMES;
-        [
-            (single, &self.single),
-            (cached, &self.cached),
-            (uncached, &self.uncached),
-        ]
+    /// The server with the defaults.
+    fn cached(&self) -> &TestServer {
+        &self.0[1].1
     }
 }
 

@@ -5,11 +5,20 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use idempotency_coordinator::config::ServeConfig;
+
 use crate::harness::CitusDatabase;
 use crate::helpers::{Gate, install_gate};
 use crate::placement::writers;
 
 pub type Database = CitusDatabase;
+
+/// Paths of a cluster's own, besides those every database has: the
+/// defaults, but each call sent through the coordinator node rather than
+/// straight to the worker holding its key (`--citus-via-coordinator`).
+pub const PATHS: &[(&str, fn(&mut ServeConfig))] = &[("via the coordinator node", |c| {
+    c.store.citus_direct = false;
+})];
 
 /// A fresh Citus database; `None` when the cluster is skipped.
 pub async fn database() -> Option<Database> {

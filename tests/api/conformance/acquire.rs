@@ -92,13 +92,18 @@ async fn check_each_server(
 
 /// What the watchers of one case's records saw through each server,
 /// compared with what the single call's watcher saw.
-async fn compare_the_watchers(tally: &mut Tally, case: &str, watchers: Vec<Watcher>) {
+async fn compare_the_watchers(
+    tally: &mut Tally,
+    servers: &Servers,
+    case: &str,
+    watchers: Vec<Watcher>,
+) {
     let mut watched = Vec::new();
     for watcher in watchers {
         watched.push(watcher.events().await);
     }
     let (reference, others) = watched.split_first().expect("a watcher per server");
-    for (path, seen) in Servers::NAMES.iter().skip(1).zip(others) {
+    for ((path, _), seen) in servers.paths().skip(1).zip(others) {
         let case = format!("{case} / {path}, watched");
         tally.compare(&case, "a single call", reference, seen);
     }
@@ -177,13 +182,13 @@ async fn every_path_answers_what_idempotency_acquire_answers() {
     }
     // Every watcher's stream has ended before any call waits.
     for (case, watchers) in watched {
-        compare_the_watchers(&mut tally, &case, watchers).await;
+        compare_the_watchers(&mut tally, &servers, &case, watchers).await;
     }
     for state in STATES {
         for fingerprint in FINGERPRINTS {
             check_a_waiter_woken_by_a_change(
                 &mut sql,
-                &servers.cached,
+                servers.cached(),
                 &mut tally,
                 state,
                 fingerprint,

@@ -347,8 +347,8 @@ async fn seen(
 }
 
 /// Every case on `server`, each Complete compared sent alone.
-async fn alone(server: &TestServer, sql: &Client, path: &str) -> Vec<Seen> {
-    let prepared = prepare_and_watch(server, sql, path).await;
+async fn alone(server: &TestServer, sql: &Client, path: String) -> Vec<Seen> {
+    let prepared = prepare_and_watch(server, sql, &path).await;
     let mut answers = Vec::new();
     for (case, (prepared, _)) in CASES.iter().zip(&prepared) {
         let mut client = server.client.clone();
@@ -409,24 +409,22 @@ async fn complete_leaves_the_same_record_alone_or_in_a_group_commit() {
     let mut tally = Tally::default();
 
     // The paths side by side: each waits for its watchers' windows.
-    let (reference, cached, uncached, grouped) = tokio::join!(
-        alone(&servers.single, &sql, "single-call"),
-        alone(&servers.cached, &sql, "cached"),
-        alone(&servers.uncached, &sql, "uncached"),
+    let alone_on_each = servers
+        .paths()
+        .map(|(path, server)| alone(server, &sql, path.replace(' ', "-")));
+    let (alone_on_each, grouped) = tokio::join!(
+        futures_util::future::join_all(alone_on_each),
         group_commit(&gated, &gate, &db, &sql),
     );
+    let mut seen_on_each = servers.paths().map(|(path, _)| path).zip(alone_on_each);
+    let (reference_path, reference) = seen_on_each.next().expect("the reference path");
     for (case, seen) in CASES.iter().zip(&reference) {
-        let what = format!("{} / single call", case.name);
+        let what = format!("{} / {reference_path}", case.name);
         let expected = case.expect.to_owned();
         tally.compare(&what, "the contract", &expected, &seen.label());
     }
-    let paths = [
-        ("replay cache on", cached),
-        ("replay cache off", uncached),
-        ("group commit", grouped),
-    ];
-    for (path, seen) in &paths {
-        for ((case, expected), got) in CASES.iter().zip(&reference).zip(seen) {
+    for (path, seen) in seen_on_each.chain([("group commit", grouped)]) {
+        for ((case, expected), got) in CASES.iter().zip(&reference).zip(&seen) {
             let what = format!("{} / {path}", case.name);
             tally.compare(&what, "a single call", expected, got);
         }

@@ -136,7 +136,7 @@ async fn a_new_key_gets_the_same_first_lease_on_every_path() {
         // A waiting Acquire finds no holder to wait for.
         let mut waiting = first_acquire(&format!("new-{fingerprint}-waiting"), fingerprint);
         waiting.wait = secs(3);
-        let seen = through(&servers.cached, waiting).await;
+        let seen = through(servers.cached(), waiting).await;
         compare(&mut tally, &case("waiting"), &expected, &seen);
         references.push((case("group commit"), expected));
     }
