@@ -271,7 +271,7 @@ async fn server(db: &Database, configure: impl FnOnce(&mut ServeConfig)) -> Test
 }
 
 /// A path a call can take: its name, and how its server is configured.
-type Path = (&'static str, fn(&mut ServeConfig));
+pub(crate) type Path = (&'static str, fn(&mut ServeConfig));
 
 /// The paths every database has; the first is the reference.
 const PATHS: [Path; 3] = [

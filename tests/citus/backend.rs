@@ -1,12 +1,11 @@
 //! Where the conformance matrix (`tests/api/conformance.rs`) runs in the
-//! Citus suite: a fresh database on the shared cluster, through the
-//! coordinator. The same items as the API suite's `backend`
-//! (`tests/api/conformance/backend.rs`), for a cluster.
+//! Citus suite: a fresh database on the shared cluster, the servers given
+//! the coordinator node's address. The same items as the API suite's
+//! `backend` (`tests/api/conformance/backend.rs`), for a cluster.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use idempotency_coordinator::config::ServeConfig;
-
+use crate::conformance::Path;
 use crate::harness::CitusDatabase;
 use crate::helpers::{Gate, install_gate};
 use crate::placement::writers;
@@ -16,7 +15,7 @@ pub type Database = CitusDatabase;
 /// Paths of a cluster's own, besides those every database has: the
 /// defaults, but each call sent through the coordinator node rather than
 /// straight to the worker holding its key (`--citus-via-coordinator`).
-pub const PATHS: &[(&str, fn(&mut ServeConfig))] = &[("via the coordinator node", |c| {
+pub const PATHS: &[Path] = &[("via the coordinator node", |c| {
     c.store.citus_direct = false;
 })];
 

@@ -3,14 +3,13 @@
 //! on a Citus cluster through a module of the same name and items
 //! (`tests/citus/backend.rs`).
 
-use idempotency_coordinator::config::ServeConfig;
-
+use crate::conformance::Path;
 use crate::helpers::{Gate, TestDatabase, install_gate, writers};
 
 pub type Database = TestDatabase;
 
 /// Paths of this database's own, besides those every database has: none.
-pub const PATHS: &[(&str, fn(&mut ServeConfig))] = &[];
+pub const PATHS: &[Path] = &[];
 
 /// A fresh database; always there.
 pub async fn database() -> Option<Database> {
