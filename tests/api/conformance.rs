@@ -2,8 +2,8 @@
 //! path they take: a single call on a pooled connection, a call alone on a
 //! shared connection with the replay cache on or off, a group commit (the
 //! batch's statement), a waiting Acquire woken by a change; on a Citus
-//! cluster also a call sent through the coordinator node rather than
-//! straight to the worker holding its key.
+//! cluster also calls alone and a group commit sent through the coordinator
+//! node rather than straight to the worker holding their keys.
 //!
 //! - `acquire`: one rule for final answers, wherever it is applied: every
 //!   path that can answer an Acquire answers exactly what
@@ -310,11 +310,24 @@ impl Servers {
     }
 }
 
-/// A server whose calls of a kind run as one batch when they queue behind
-/// the gate (`helpers::gate`), and the gate, installed in `db`.
-async fn gated_server(db: &Database) -> (TestServer, Gate) {
+/// Servers whose calls of a kind run as one batch when they queue behind
+/// the gate (`helpers::gate`), each with its path's name: one with the
+/// defaults, then one per path the database adds (`backend::PATHS`); and
+/// the gate, installed in `db`.
+async fn gated_servers(db: &Database) -> (Vec<(String, TestServer)>, Gate) {
     let gate = backend::gate(db).await;
-    (server(db, |c| c.store.shared_connections = 1).await, gate)
+    let defaults: Path = ("", |_| {});
+    let mut servers = Vec::new();
+    for (name, configure) in std::iter::once(&defaults).chain(backend::PATHS) {
+        let gated = server(db, |c| {
+            configure(c);
+            c.store.shared_connections = 1;
+        })
+        .await;
+        let path = format!("group commit {name}").trim_end().to_owned();
+        servers.push((path, gated));
+    }
+    (servers, gate)
 }
 
 /// Fails the test unless one transaction on each node wrote the rows of

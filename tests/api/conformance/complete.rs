@@ -11,7 +11,7 @@ use tonic::Code;
 
 use super::shape::Shape;
 use super::watch::{Watched, Watcher};
-use super::{Servers, Tally, assert_one_writer_per_node, gated_server, set_after_update};
+use super::{Servers, Tally, assert_one_writer_per_node, gated_servers, set_after_update};
 use crate::backend::{self, Database};
 use crate::helpers::*;
 
@@ -360,19 +360,22 @@ async fn alone(server: &TestServer, sql: &Client, path: String) -> Vec<Seen> {
 
 /// Every case on `gated`, the Completes compared queued together behind
 /// `gate` and run as one statement (per node).
-async fn group_commit(gated: &TestServer, gate: &Gate, db: &Database, sql: &Client) -> Vec<Seen> {
-    let prepared = prepare_and_watch(gated, sql, "group-commit").await;
+async fn group_commit(
+    gated: &TestServer,
+    path: &str,
+    gate: &Gate,
+    db: &Database,
+    sql: &Client,
+) -> Vec<Seen> {
+    let path = path.replace(' ', "-");
+    let prepared = prepare_and_watch(gated, sql, &path).await;
     let mut client = gated.client.clone();
-    let gate_token = token(&proceed(&mut client, acquire("s", "gate-complete")).await);
+    let gate_key = format!("gate-complete-{path}");
+    let gate_token = token(&proceed(&mut client, acquire("s", &gate_key)).await);
     gate.shut().await;
     let gate_call = tokio::spawn(async move {
         client
-            .complete(complete(
-                "s",
-                "gate-complete",
-                &gate_token,
-                success(b"gate"),
-            ))
+            .complete(complete("s", &gate_key, &gate_token, success(b"gate")))
             .await
             .expect("the gate call passes once opened");
     });
@@ -405,25 +408,35 @@ async fn complete_leaves_the_same_record_alone_or_in_a_group_commit() {
     };
     let sql = db.connect().await;
     let servers = Servers::start(&db).await;
-    let (gated, gate) = gated_server(&db).await;
+    let (gated, gate) = gated_servers(&db).await;
     let mut tally = Tally::default();
 
     // The paths side by side: each waits for its watchers' windows.
     let alone_on_each = servers
         .paths()
         .map(|(path, server)| alone(server, &sql, path.replace(' ', "-")));
-    let (alone_on_each, grouped) = tokio::join!(
-        futures_util::future::join_all(alone_on_each),
-        group_commit(&gated, &gate, &db, &sql),
-    );
-    let mut seen_on_each = servers.paths().map(|(path, _)| path).zip(alone_on_each);
+    // The group commits one after another: they share the gate.
+    let group_commits = async {
+        let mut grouped = Vec::new();
+        for (path, server) in &gated {
+            let seen = group_commit(server, path, &gate, &db, &sql).await;
+            grouped.push((path.clone(), seen));
+        }
+        grouped
+    };
+    let (alone_on_each, grouped) =
+        tokio::join!(futures_util::future::join_all(alone_on_each), group_commits,);
+    let mut seen_on_each = servers
+        .paths()
+        .map(|(path, _)| path.to_owned())
+        .zip(alone_on_each);
     let (reference_path, reference) = seen_on_each.next().expect("the reference path");
     for (case, seen) in CASES.iter().zip(&reference) {
         let what = format!("{} / {reference_path}", case.name);
         let expected = case.expect.to_owned();
         tally.compare(&what, "the contract", &expected, &seen.label());
     }
-    for (path, seen) in seen_on_each.chain([("group commit", grouped)]) {
+    for (path, seen) in seen_on_each.chain(grouped) {
         for ((case, expected), got) in CASES.iter().zip(&reference).zip(&seen) {
             let what = format!("{} / {path}", case.name);
             tally.compare(&what, "a single call", expected, got);
