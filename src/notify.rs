@@ -146,8 +146,14 @@ pub struct Hub {
     /// Of those, how many are asleep in `Subscription::changed` right now
     /// (they have read the record and wait for it to change).
     parked: Arc<AtomicUsize>,
-    /// Whether the listener is connected and listening.
+    /// Whether the listener is connected and listening (on Citus, on
+    /// every node): `listener && nodes`.
     connected: watch::Sender<bool>,
+    /// The listener's own session listens.
+    listener: std::sync::atomic::AtomicBool,
+    /// On Citus, the sessions on the other nodes all listen (always on
+    /// plain PostgreSQL).
+    nodes: std::sync::atomic::AtomicBool,
 }
 
 impl Hub {
@@ -160,6 +166,8 @@ impl Hub {
             waiters: AtomicUsize::new(0),
             parked: Arc::new(AtomicUsize::new(0)),
             connected: watch::Sender::new(false),
+            listener: std::sync::atomic::AtomicBool::new(false),
+            nodes: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
@@ -283,12 +291,26 @@ impl Hub {
     /// waiters poll (`poll_while_down`); when it comes back, every waiter
     /// re-checks.
     pub fn set_connected(&self, connected: bool) {
-        self.connected.send_replace(connected);
-        if connected {
+        self.listener.store(connected, Ordering::Relaxed);
+        let all = connected && self.nodes.load(Ordering::Relaxed);
+        self.connected.send_replace(all);
+        if all {
             // Whatever changed while we were away was not heard: re-check.
             self.records.notify_all();
             self.scopes.notify_all();
         }
+    }
+
+    /// On Citus, whether the listener's sessions on the other nodes all
+    /// listen: while one does not, its changes are not heard, and waiters
+    /// poll as while the listener is down; when all are back, every waiter
+    /// re-checks.
+    pub fn set_nodes_listened(&self, all: bool) {
+        let was = self.nodes.swap(all, Ordering::Relaxed);
+        if was == all {
+            return;
+        }
+        self.set_connected(self.listener.load(Ordering::Relaxed));
     }
 }
 

@@ -17,8 +17,10 @@ use crate::notify::Hub;
 use crate::proto::coordinator_server::CoordinatorServer;
 use crate::recovery::{Webhook, WebhookConfig};
 use crate::service::CoordinatorService;
-use crate::store::{Store, listener::Listener, probe::Probe};
+use crate::store::listener::{Listener, NodeStates};
+use crate::store::{Store, probe::Probe};
 use crate::sweeper::{self, SweepTotals, Sweeper};
+use tonic_health::ServingStatus;
 
 /// Everything the database work needs, gathered before the database is
 /// ready.
@@ -78,9 +80,13 @@ impl DatabaseWork {
             move |change| hub.on_change(change)
         });
         let probe = Probe::new(store, health_interval);
-        let (listening, answering) = (listener.listening(), probe.answering());
+        let (listening, nodes, answering) =
+            (listener.listening(), listener.nodes(), probe.answering());
         background.spawn("database listener", Until::Drain, |stop| listener.run(stop));
         background.spawn("database probe", Until::Drain, |stop| probe.run(stop));
+        background.spawn("Citus nodes' health", Until::Drain, |stop| {
+            follow_nodes(nodes, Arc::clone(&hub), reporter.clone(), stop)
+        });
         background.spawn("readiness", Until::Drain, |stop| {
             follow_database(listening, answering, hub, reporter, stop)
         });
@@ -141,6 +147,43 @@ async fn follow_database(
                     .await;
             }
             return;
+        }
+    }
+}
+
+/// The health service's name for the listening session on another node of
+/// a Citus cluster (host:port).
+pub fn node_service(node: &str) -> String {
+    format!("idempotency.v1.Coordinator/citus-node/{node}")
+}
+
+/// On Citus, says in the health service whether the listener's session on
+/// each other node listens (SERVING or NOT_SERVING under
+/// [`node_service`]'s name), and has waiters poll while any does not:
+/// changes on that node are not heard meanwhile. Readiness itself follows
+/// the coordinator node (`follow_database`).
+async fn follow_nodes(
+    mut nodes: watch::Receiver<NodeStates>,
+    hub: Arc<Hub>,
+    reporter: HealthReporter,
+    stop: CancellationToken,
+) {
+    loop {
+        let states = nodes.borrow_and_update().clone();
+        hub.set_nodes_listened(states.iter().all(|(_, up)| *up));
+        for (node, up) in &states {
+            let status = if *up {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            reporter
+                .set_service_status(node_service(node), status)
+                .await;
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            changed = nodes.changed() => if changed.is_err() { return },
         }
     }
 }

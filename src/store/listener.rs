@@ -5,8 +5,13 @@
 //! answers and gives [`Clock`] the skew between its clock and this host's.
 //!
 //! On a Citus coordinator it also listens on every other node of the
-//! cluster, where the delegated functions run and notify; a lost session
-//! on any node counts as the listener down.
+//! cluster, where the delegated functions run and notify. Those sessions
+//! live beside the coordinator's, each replaced on its own every interval
+//! while it is lost; whether each listens goes out on a second channel
+//! ([`Listener::nodes`]): waiters poll while any is lost, and readiness
+//! follows the coordinator's session alone (a worker down makes its keys'
+//! calls fail, the same in every replica: taking every replica out of
+//! service for it would fail the other workers' keys too).
 //!
 //! Its errors are tokio-postgres errors, whose text carries their cause.
 //!
@@ -72,7 +77,14 @@ pub struct Listener {
     on_change: Arc<dyn Fn(Change) + Send + Sync>,
     /// `true` while connected, listening and reading the clock on time.
     state: watch::Sender<bool>,
+    /// On Citus, each other node (host:port) and whether its session
+    /// listens.
+    nodes: watch::Sender<NodeStates>,
 }
+
+/// Each other node of a Citus cluster (host:port) and whether the
+/// listener's session on it listens; empty on plain PostgreSQL.
+pub type NodeStates = Vec<(String, bool)>;
 
 impl Listener {
     /// A listener that, once running, keeps a connection to `pg`,
@@ -90,7 +102,15 @@ impl Listener {
             clock,
             on_change: Arc::new(on_change),
             state: watch::Sender::new(false),
+            nodes: watch::Sender::new(Vec::new()),
         }
+    }
+
+    /// On Citus, whether the session on each other node listens (the
+    /// coordinator's own is [`Listener::listening`]). Closes when the
+    /// listener stops.
+    pub fn nodes(&self) -> watch::Receiver<NodeStates> {
+        self.nodes.subscribe()
     }
 
     /// Whether it is listening: `true` while connected, listening and
@@ -119,12 +139,20 @@ impl Listener {
             clock,
             on_change,
             state,
+            nodes,
         } = self;
         let mut reported = false;
         let mut at_once = false;
         loop {
             let connect_within = if at_once { interval / 2 } else { interval * 2 };
-            let session = listen_once(&pg, &state, interval, connect_within, &clock, &on_change);
+            let session = listen_once(
+                &pg,
+                (&state, &nodes),
+                interval,
+                connect_within,
+                &clock,
+                &on_change,
+            );
             let (why, ended) = tokio::select! {
                 () = stop.cancelled() => return,
                 ended = session => ended,
@@ -143,6 +171,7 @@ impl Listener {
             }
             at_once = false;
             state.send_replace(false);
+            nodes.send_modify(|nodes| nodes.iter_mut().for_each(|(_, up)| *up = false));
             crate::metrics::listener_connected(false);
             if was_listening {
                 reported = false;
@@ -194,7 +223,7 @@ enum Ended {
 /// as listening.
 async fn listen_once(
     pg: &tokio_postgres::Config,
-    state: &watch::Sender<bool>,
+    (state, node_states): (&watch::Sender<bool>, &watch::Sender<NodeStates>),
     interval: Duration,
     connect_within: Duration,
     clock: &Clock,
@@ -224,7 +253,7 @@ async fn listen_once(
         driver.abort();
         return (format!("LISTEN failed: {}", e), Ended::NeverListened);
     }
-    let nodes = match listen_on_other_nodes(pg, &client, connect_within, on_change).await {
+    let mut nodes = match listen_on_other_nodes(pg, &client, connect_within, on_change).await {
         Ok(nodes) => nodes,
         Err(why) => {
             driver.abort();
@@ -248,6 +277,9 @@ async fn listen_once(
             Ended::NeverListened,
         );
     }
+    if let Some(nodes) = &nodes {
+        node_states.send_replace(states(nodes));
+    }
     state.send_replace(true);
     crate::metrics::listener_connected(true);
     tracing::info!("listening for changes; ready");
@@ -263,17 +295,21 @@ async fn listen_once(
                 );
             }
         }
-        let Some(nodes) = &nodes else { continue };
-        if let Some(why) = check_nodes(nodes, interval).await {
-            break (why, Ended::Failed);
-        }
+        let Some(nodes) = &mut nodes else { continue };
+        check_nodes(nodes, interval, on_change).await;
+        node_states.send_if_modified(|now| {
+            let then = std::mem::replace(now, states(nodes));
+            *now != then
+        });
         if let Some(why) = nodes_changed(&client, nodes).await {
             break (why, Ended::NodesChanged);
         }
     };
     driver.abort();
     for node in nodes.into_iter().flatten() {
-        node.driver.abort();
+        if let Some(session) = node.session {
+            session.driver.abort();
+        }
     }
     ended
 }
@@ -308,98 +344,130 @@ fn deliver(
 
 /// A LISTEN session on another node of a Citus cluster.
 struct NodeSession {
-    /// host:port, for messages.
-    name: String,
     client: tokio_postgres::Client,
     driver: JoinHandle<()>,
+}
+
+/// Another node of a Citus cluster and its session, if it listens.
+struct Node {
+    /// host:port, for messages and health.
+    name: String,
+    pg: tokio_postgres::Config,
+    session: Option<NodeSession>,
+}
+
+/// Whether each node listens.
+fn states(nodes: &[Node]) -> NodeStates {
+    nodes
+        .iter()
+        .map(|node| (node.name.clone(), node.session.is_some()))
+        .collect()
 }
 
 /// On a Citus coordinator, a LISTEN session on each other node of the
 /// cluster (`pg_dist_node`): the functions run on the node that holds the
 /// key's row, and a NOTIFY reaches only that node's listeners. `None` on
-/// plain PostgreSQL. A node added or removed later ends the session
-/// ([`nodes_changed`]), and the next one listens on the new set.
+/// plain PostgreSQL. A node that cannot be listened on now is tried again
+/// at every check ([`check_nodes`]). A node added or removed later ends
+/// the session ([`nodes_changed`]), and the next one listens on the new
+/// set.
 async fn listen_on_other_nodes(
     pg: &tokio_postgres::Config,
     client: &tokio_postgres::Client,
     connect_within: Duration,
     on_change: &Arc<dyn Fn(Change) + Send + Sync>,
-) -> Result<Option<Vec<NodeSession>>, String> {
+) -> Result<Option<Vec<Node>>, String> {
     let nodes = match super::citus::present(client).await {
         Ok(true) => super::citus::other_nodes(client).await,
         Ok(false) => return Ok(None),
         Err(e) => Err(e),
     }
     .map_err(|e| format!("reading the Citus nodes failed: {e}"))?;
-    let mut sessions: Vec<NodeSession> = Vec::with_capacity(nodes.len());
+    let mut listening = Vec::with_capacity(nodes.len());
     for (host, port) in nodes {
-        let name = format!("{host}:{port}");
-        let node_pg = super::citus::node_config(pg, &host, port);
-        let listened = async {
-            let (node, connection) = node_pg
-                .connect(NoTls)
-                .await
-                .map_err(|e| ConnectError::connecting(&node_pg, &e).to_string())?;
-            let driver = deliver(connection, Arc::clone(on_change));
-            match node
-                .batch_execute(&format!("LISTEN {CHANGES}; LISTEN {DUE}"))
-                .await
-            {
-                Ok(()) => Ok((node, driver)),
-                Err(e) => {
-                    driver.abort();
-                    Err(format!("LISTEN on node {name} failed: {e}"))
-                }
-            }
+        let mut node = Node {
+            name: format!("{host}:{port}"),
+            pg: super::citus::node_config(pg, &host, port),
+            session: None,
         };
-        let outcome = match tokio::time::timeout(connect_within, listened).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(format!(
-                "connecting to node {name} took longer than {connect_within:?}"
-            )),
-        };
-        match outcome {
-            Ok((client, driver)) => sessions.push(NodeSession {
-                name,
-                client,
-                driver,
-            }),
+        match listen_on(&node, connect_within, on_change).await {
+            Ok(session) => node.session = Some(session),
             Err(why) => {
-                for session in sessions {
-                    session.driver.abort();
-                }
-                return Err(why);
+                tracing::warn!(node = node.name, reason = %why, "not listening on this node: its waiters poll");
             }
         }
+        listening.push(node);
     }
-    Ok(Some(sessions))
+    Ok(Some(listening))
 }
 
-/// Why one of the other nodes' sessions is lost, if one is: it ended, or
-/// did not answer within `interval`.
-async fn check_nodes(nodes: &[NodeSession], interval: Duration) -> Option<String> {
-    for node in nodes {
-        let answered = tokio::time::timeout(interval, node.client.simple_query("")).await;
-        match answered {
-            Ok(Ok(_)) if !node.driver.is_finished() => {}
-            Ok(Ok(_)) | Ok(Err(_)) => {
-                return Some(format!("the session on node {} ended", node.name));
-            }
-            Err(_) => {
-                return Some(format!(
-                    "the session on node {} took longer than {interval:?} to answer",
-                    node.name
-                ));
+/// A LISTEN session on `node`, within `connect_within`.
+async fn listen_on(
+    node: &Node,
+    connect_within: Duration,
+    on_change: &Arc<dyn Fn(Change) + Send + Sync>,
+) -> Result<NodeSession, String> {
+    let listened = async {
+        let (client, connection) = node
+            .pg
+            .connect(NoTls)
+            .await
+            .map_err(|e| ConnectError::connecting(&node.pg, &e).to_string())?;
+        let driver = deliver(connection, Arc::clone(on_change));
+        match client
+            .batch_execute(&format!("LISTEN {CHANGES}; LISTEN {DUE}"))
+            .await
+        {
+            Ok(()) => Ok(NodeSession { client, driver }),
+            Err(e) => {
+                driver.abort();
+                Err(format!("LISTEN failed: {e}"))
             }
         }
+    };
+    tokio::time::timeout(connect_within, listened)
+        .await
+        .unwrap_or_else(|_| Err(format!("connecting took longer than {connect_within:?}")))
+}
+
+/// Checks each node's session (it ended, or did not answer within
+/// `interval`: lost) and tries once to listen again on each node without
+/// one, within half an interval.
+async fn check_nodes(
+    nodes: &mut [Node],
+    interval: Duration,
+    on_change: &Arc<dyn Fn(Change) + Send + Sync>,
+) {
+    for node in nodes.iter_mut() {
+        if let Some(session) = &node.session {
+            let answered = tokio::time::timeout(interval, session.client.simple_query("")).await;
+            let lost = match answered {
+                Ok(Ok(_)) if !session.driver.is_finished() => None,
+                Ok(Ok(_)) | Ok(Err(_)) => Some("its session ended".to_owned()),
+                Err(_) => Some(format!(
+                    "its session took longer than {interval:?} to answer"
+                )),
+            };
+            if let Some(why) = lost {
+                if let Some(session) = node.session.take() {
+                    session.driver.abort();
+                }
+                tracing::warn!(node = node.name, reason = %why, "lost the listening session on this node: its waiters poll");
+            }
+        }
+        if node.session.is_none()
+            && let Ok(session) = listen_on(node, interval / 2, on_change).await
+        {
+            tracing::info!(node = node.name, "listening on this node again");
+            node.session = Some(session);
+        }
     }
-    None
 }
 
 /// Whether the cluster's other nodes are no longer those `nodes` listens
 /// on (a worker added, removed or moved), read from the coordinator's
 /// metadata; why, if so.
-async fn nodes_changed(client: &tokio_postgres::Client, nodes: &[NodeSession]) -> Option<String> {
+async fn nodes_changed(client: &tokio_postgres::Client, nodes: &[Node]) -> Option<String> {
     let now = match super::citus::other_nodes(client).await {
         Ok(now) => now,
         Err(e) => return Some(format!("reading the Citus nodes failed: {e}")),

@@ -17,7 +17,7 @@ use crate::listening::{self, HEARD_WITHIN};
 use crate::load::{self, Load, call_problems, codes, secs, went_to_database};
 use crate::placement::{self, group_of, node_of_shard, range_of_group};
 use crate::setup::{Env, serial};
-use crate::worker_down::readiness;
+use crate::worker_down::{READINESS, node_service, readiness};
 
 /// Whether `c` is a PROCEED on one of `keys` that started after `since`,
 /// with a fencing token drawn by node group `group`: a lease granted on
@@ -224,7 +224,9 @@ async fn waiting_on_the_new_worker(env: &Env, new: u16) {
         .map(|(k, _, _)| k)
         .expect("a fresh key on the new worker");
     listening::until_listening_on(env, new, Duration::from_secs(10)).await;
-    readiness(&mut Health::connect(env.addr).await, ServingStatus::Serving).await;
+    let mut health = Health::connect(env.addr).await;
+    readiness(&mut health, READINESS, ServingStatus::Serving).await;
+    readiness(&mut health, &node_service(new), ServingStatus::Serving).await;
     let after = listening::waiter_answers_after(env, &key).await;
     println!(
         "REBALANCE: a waiter on a key of the new worker answered {after:?} after its holder's \
