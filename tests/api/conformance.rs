@@ -1,15 +1,19 @@
 //! The same calls get the same answers and leave the same records, whichever
 //! path they take: a single call on a pooled connection, a call alone on a
 //! shared connection with the replay cache on or off, a group commit (the
-//! batch's statement), a waiting Acquire woken by a change.
+//! batch's statement), a waiting Acquire woken by a change; on a Citus
+//! cluster also calls alone and a group commit sent through the coordinator
+//! node rather than straight to the worker holding their keys.
 //!
 //! - `acquire`: one rule for final answers, wherever it is applied: every
 //!   path that can answer an Acquire answers exactly what
 //!   `idempotency_acquire` alone answers for the same record, over a matrix
 //!   of record states and request fingerprints. The reference is
 //!   `idempotency_acquire` run on the record as it stands, in a transaction
-//!   that is rolled back, right before the path answers. A watcher of each
-//!   record sees the same events through each server.
+//!   that is rolled back, right before the path answers; it in turn answers
+//!   what the contract says for the state and fingerprints, on whichever
+//!   database the matrix runs. A watcher of each record sees the same
+//!   events through each server.
 //! - `new_key`: a key nobody has used, on every path and in a group commit:
 //!   the whole answer (decision, lease, record) and the record read back
 //!   after it, compared with what `idempotency_acquire` answers and creates.
@@ -20,20 +24,34 @@
 //!
 //! `shape` says which fields legitimately differ from path to path, and how
 //! they are compared instead; `watch` how a watcher's events are.
+//!
+//! The matrix runs in two test binaries: the API suite's, on one
+//! PostgreSQL, and the Citus suite's (`tests/citus`), on a Citus cluster.
+//! Each gets its database, the paths of its own, the gate and the count of
+//! a group commit's writers from `crate::backend`, which each binary
+//! defines. The children are named by path so that they resolve the same
+//! from either binary.
 
+#[path = "conformance/acquire.rs"]
 mod acquire;
+#[path = "conformance/complete.rs"]
 mod complete;
+#[path = "conformance/new_key.rs"]
 mod new_key;
+#[path = "conformance/shape.rs"]
 mod shape;
+#[path = "conformance/watch.rs"]
 mod watch;
 
 use std::fmt::Debug;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use idempotency_coordinator::config::ServeConfig;
 use idempotency_coordinator::proto;
 use tokio_postgres::{Client, GenericClient, Transaction};
 
+use crate::backend::{self, Database};
 use crate::helpers::*;
 
 /// The fingerprint every record is created with.
@@ -95,9 +113,51 @@ async fn complete_in_sql(
     .unwrap();
 }
 
+/// The `updated_at` of the record `key`.
+async fn updated_at(db: &impl GenericClient, key: &str) -> DateTime<Utc> {
+    db.query_one(
+        &format!("SELECT updated_at FROM idempotency_keys WHERE {WHERE_KEY}"),
+        &[&"s", &key],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// Sets each of `columns` of the record `key` to the record's `updated_at`
+/// plus its offset, in seconds. The times are computed here and sent as
+/// values: Citus refuses an UPDATE of a distributed table that applies a
+/// STABLE operator (`timestamptz - interval`) to a column.
+async fn set_after_update(db: &impl GenericClient, key: &str, columns: &[(&str, i64)]) {
+    let updated = updated_at(db, key).await;
+    let mut set = Vec::new();
+    let mut times = Vec::new();
+    for (i, (column, seconds)) in columns.iter().enumerate() {
+        set.push(format!("{column} = ${}", i + 3));
+        times.push(updated + chrono::Duration::seconds(*seconds));
+    }
+    let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&"s", &key];
+    params.extend(
+        times
+            .iter()
+            .map(|t| t as &(dyn tokio_postgres::types::ToSql + Sync)),
+    );
+    db.execute(
+        &format!(
+            "UPDATE idempotency_keys SET {} WHERE {WHERE_KEY}",
+            set.join(", ")
+        ),
+        &params,
+    )
+    .await
+    .unwrap();
+}
+
 /// Puts the PROCESSING record `key` (leased with `token`) into `state`.
 /// Times are set relative to the record's own (`updated_at`, or `now()` for
-/// both), so that every record put in a state has the same offsets.
+/// both), so that every record put in a state has the same offsets. Values
+/// a statement would draw (a new lease token) are drawn here: Citus refuses
+/// volatile functions in an UPDATE of a distributed table.
 async fn put_in(db: &impl GenericClient, key: &str, token: uuid::Uuid, state: State) {
     let update = |set: &str| format!("UPDATE idempotency_keys SET {set} WHERE {WHERE_KEY}");
     match state {
@@ -105,11 +165,11 @@ async fn put_in(db: &impl GenericClient, key: &str, token: uuid::Uuid, state: St
             // A new lease, so that a waiter on the old one sees a change.
             db.execute(
                 &update(
-                    "lease_token = gen_random_uuid(), updated_at = now(),
+                    "lease_token = $3, updated_at = now(),
                      lease_expires_at = now() + interval '1 minute',
                      expires_at = now() + interval '1 hour'",
                 ),
-                &[&"s", &key],
+                &[&"s", &key, &uuid::Uuid::new_v4()],
             )
             .await
             .unwrap();
@@ -129,22 +189,15 @@ async fn put_in(db: &impl GenericClient, key: &str, token: uuid::Uuid, state: St
         State::FailedDue | State::FailedNotDue => {
             complete_in_sql(db, key, token, "FAILURE", false).await;
             let due = match state {
-                State::FailedDue => "updated_at - interval '1 second'",
-                _ => "updated_at + interval '1 hour'",
+                State::FailedDue => -1,
+                _ => 3600,
             };
-            db.execute(&update(&format!("next_retry_at = {due}")), &[&"s", &key])
-                .await
-                .unwrap();
+            set_after_update(db, key, &[("next_retry_at", due)]).await;
         }
         State::FailedPermanent => complete_in_sql(db, key, token, "FAILURE", true).await,
         State::Expired => {
             complete_in_sql(db, key, token, "SUCCESS", false).await;
-            db.execute(
-                &update("expires_at = updated_at - interval '1 second'"),
-                &[&"s", &key],
-            )
-            .await
-            .unwrap();
+            set_after_update(db, key, &[("expires_at", -1)]).await;
         }
     }
 }
@@ -210,54 +263,83 @@ fn acquire_with(key: &str, fingerprint: &str) -> proto::AcquireRequest {
     request
 }
 
-async fn server(db: &TestDatabase, configure: impl FnOnce(&mut ServeConfig)) -> TestServer {
+async fn server(db: &Database, configure: impl FnOnce(&mut ServeConfig)) -> TestServer {
     let mut config = ServeConfig::new("127.0.0.1:0".parse().unwrap(), db.url.clone());
     config.sweep_interval = Duration::ZERO;
     configure(&mut config);
     start_server(config).await
 }
 
-/// The servers a call can go through, on one database.
-struct Servers {
-    /// A pooled connection per call, no batches, no replay cache.
-    single: TestServer,
-    /// The defaults: shared connections, batches, replay cache on.
-    cached: TestServer,
-    /// Shared connections and batches, replay cache off.
-    uncached: TestServer,
-}
+/// A path a call can take: its name, and how its server is configured.
+pub(crate) type Path = (&'static str, fn(&mut ServeConfig));
+
+/// The paths every database has; the first is the reference.
+const PATHS: [Path; 3] = [
+    // A pooled connection per call, no batches, no replay cache.
+    ("single call", |c| {
+        c.store.shared_connections = 0;
+        c.store.replay_cache_bytes = 0;
+    }),
+    // The defaults: shared connections, batches, replay cache on.
+    ("replay cache on", |_| {}),
+    // Shared connections and batches, replay cache off.
+    ("replay cache off", |c| c.store.replay_cache_bytes = 0),
+];
+
+/// The servers a call can go through, on one database: one per path of
+/// [`PATHS`], then one per path the database adds (`backend::PATHS`).
+struct Servers(Vec<(&'static str, TestServer)>);
 
 impl Servers {
-    async fn start(db: &TestDatabase) -> Self {
-        Servers {
-            single: server(db, |c| {
-                c.store.shared_connections = 0;
-                c.store.replay_cache_bytes = 0;
-            })
-            .await,
-            cached: server(db, |_| {}).await,
-            uncached: server(db, |c| c.store.replay_cache_bytes = 0).await,
+    async fn start(db: &Database) -> Self {
+        let mut servers = Vec::new();
+        for (name, configure) in PATHS.iter().chain(backend::PATHS) {
+            servers.push((*name, server(db, configure).await));
         }
+        Servers(servers)
     }
 
-    /// The paths' names, in the order of [`Servers::paths`].
-    const NAMES: [&'static str; 3] = ["single call", "replay cache on", "replay cache off"];
+    /// Each path's name and server, the reference first.
+    fn paths(&self) -> impl Iterator<Item = (&'static str, &TestServer)> {
+        self.0.iter().map(|(name, server)| (*name, server))
+    }
 
-    fn paths(&self) -> [(&'static str, &TestServer); 3] {
-        let [single, cached, uncached] = Self::NAMES;
-        [
-            (single, &self.single),
-            (cached, &self.cached),
-            (uncached, &self.uncached),
-        ]
+    /// The server with the defaults.
+    fn cached(&self) -> &TestServer {
+        &self.0[1].1
     }
 }
 
-/// A server whose calls of a kind run as one batch when they queue behind
-/// the gate (`helpers::gate`), installed on `sql`'s database.
-async fn gated_server(db: &TestDatabase, sql: &Client) -> TestServer {
-    install_gate(sql).await;
-    server(db, |c| c.store.shared_connections = 1).await
+/// Servers whose calls of a kind run as one batch when they queue behind
+/// the gate (`helpers::gate`), each with its path's name: one with the
+/// defaults, then one per path the database adds (`backend::PATHS`); and
+/// the gate, installed in `db`.
+async fn gated_servers(db: &Database) -> (Vec<(String, TestServer)>, Gate) {
+    let gate = backend::gate(db).await;
+    let defaults: Path = ("", |_| {});
+    let mut servers = Vec::new();
+    for (name, configure) in std::iter::once(&defaults).chain(backend::PATHS) {
+        let gated = server(db, |c| {
+            configure(c);
+            c.store.shared_connections = 1;
+        })
+        .await;
+        let path = format!("group commit {name}").trim_end().to_owned();
+        servers.push((path, gated));
+    }
+    (servers, gate)
+}
+
+/// Fails the test unless one transaction on each node wrote the rows of
+/// `keys` that node holds: a group commit is one statement, one commit,
+/// per node (on a Citus cluster, the batch is split by the node holding
+/// each key).
+async fn assert_one_writer_per_node(db: &Database, keys: &[String]) {
+    let writers = backend::writers_per_node(db, keys).await;
+    assert!(
+        !writers.is_empty() && writers.iter().all(|n| *n == 1),
+        "one statement per node wrote them all: writers per node {writers:?}"
+    );
 }
 
 /// Answers compared with their reference, and the ones that disagree.

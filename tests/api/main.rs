@@ -3,6 +3,8 @@
 
 mod acquire;
 mod auth;
+#[path = "conformance/backend.rs"]
+mod backend;
 mod batches;
 mod complete;
 mod concurrency;

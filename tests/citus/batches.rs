@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 use crate::app::{CitusApp, spawn_citus_app_with};
 use crate::harness::CitusDatabase;
 use crate::helpers::*;
-use crate::placement::{group_of, range_of_group, worker_of};
+use crate::placement::{group_of, range_of_group, worker_of, writers};
 
 /// A server with one shared connection, so one batch worker per kind: calls
 /// that arrive while it is busy queue and go out together.
@@ -37,32 +37,6 @@ async fn acquire_all(
         answers.push(call.await.unwrap().expect("acquire").into_inner());
     }
     answers
-}
-
-/// The transaction that last wrote each key's row, as (worker port, xmin),
-/// read from every shard.
-async fn writers(db: &CitusDatabase) -> BTreeMap<String, (u16, String)> {
-    let rows = db
-        .connect()
-        .await
-        .query(
-            "SELECT n.nodeport, r.result FROM run_command_on_shards('idempotency_keys', \
-             $$SELECT coalesce(json_agg(json_build_array(idempotency_key, xmin::text)), '[]') \
-               FROM %s$$) r \
-             JOIN pg_dist_placement p USING (shardid) JOIN pg_dist_node n USING (groupid)",
-            &[],
-        )
-        .await
-        .expect("read each shard's rows");
-    let mut writers = BTreeMap::new();
-    for row in rows {
-        let port: i32 = row.get(0);
-        let rows: Vec<(String, String)> = serde_json::from_str(row.get(1)).expect("json");
-        for (key, xmin) in rows {
-            writers.insert(key, (u16::try_from(port).unwrap(), xmin));
-        }
-    }
-    writers
 }
 
 /// Whether some transaction wrote keys of more than one shard: a batch

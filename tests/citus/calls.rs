@@ -208,3 +208,54 @@ async fn keys_are_spread_over_both_workers() {
     let expected: BTreeSet<u16> = app.db.cluster.workers().into_iter().collect();
     assert_eq!(workers, expected);
 }
+
+#[tokio::test]
+async fn a_permanent_failure_exhausts_the_key() {
+    let Some(app) = spawn_citus_app().await else {
+        return;
+    };
+    let mut c = app.client.clone();
+    let holder = proceed(&mut c, acquire("s", "doomed")).await;
+    let outcome = proto::complete_request::Outcome::Failure(proto::Failure {
+        error: "card declined".into(),
+        permanent: true,
+        retry_after: None,
+    });
+    let record = complete_ok(&mut c, complete("s", "doomed", &token(&holder), outcome)).await;
+    assert_eq!(status_of(&record), Status::FailedPermanent);
+    assert_eq!(record.last_error, "card declined");
+    assert!(record.next_retry_at.is_none());
+
+    let again = c
+        .acquire(acquire("s", "doomed"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(decision(&again), Decision::Exhausted);
+    assert!(again.lease.is_none());
+    assert_eq!(
+        status_of(again.record.as_ref().unwrap()),
+        Status::FailedPermanent
+    );
+}
+
+#[tokio::test]
+async fn release_gives_the_key_back_at_once_without_counting_the_attempt() {
+    let Some(app) = spawn_citus_app().await else {
+        return;
+    };
+    let mut c = app.client.clone();
+    let mut req = acquire("s", "released");
+    req.max_attempts = 1;
+    let first = proceed(&mut c, req.clone()).await;
+    let release = proto::complete_request::Outcome::Release(proto::Release {});
+    let record = complete_ok(&mut c, complete("s", "released", &token(&first), release)).await;
+    assert_eq!(status_of(&record), Status::Failed);
+    assert_eq!(record.attempt_count, 0);
+
+    // With a single attempt allowed, the key is still usable, at once.
+    let second = proceed(&mut c, req).await;
+    let lease = second.lease.unwrap();
+    assert_eq!(lease.attempt, 1);
+    assert!(lease.fencing_token > first.lease.unwrap().fencing_token);
+}

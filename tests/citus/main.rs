@@ -4,9 +4,14 @@
 //! installed (`bash .ci/citus` installs it); CI fails instead.
 
 mod app;
+mod backend;
 mod batches;
 mod calls;
 mod cluster;
+// The API suite's conformance matrix, run on the cluster: the same calls
+// must get the same answers as on one PostgreSQL.
+#[path = "../api/conformance.rs"]
+mod conformance;
 mod direct;
 // Shared with the bench crate's Citus fault tests, which start clusters of
 // their own and stop or add nodes; these tests use the shared cluster.

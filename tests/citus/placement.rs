@@ -92,3 +92,29 @@ pub async fn node_of_shard(db: &CitusDatabase, shard: i64) -> u16 {
         .get(0);
     u16::try_from(port).unwrap()
 }
+
+/// The transaction that last wrote each key's row, as (worker port, xmin),
+/// read from every shard.
+pub async fn writers(db: &CitusDatabase) -> BTreeMap<String, (u16, String)> {
+    let rows = db
+        .connect()
+        .await
+        .query(
+            "SELECT n.nodeport, r.result FROM run_command_on_shards('idempotency_keys', \
+             $$SELECT coalesce(json_agg(json_build_array(idempotency_key, xmin::text)), '[]') \
+               FROM %s$$) r \
+             JOIN pg_dist_placement p USING (shardid) JOIN pg_dist_node n USING (groupid)",
+            &[],
+        )
+        .await
+        .expect("read each shard's rows");
+    let mut writers = BTreeMap::new();
+    for row in rows {
+        let port: i32 = row.get(0);
+        let rows: Vec<(String, String)> = serde_json::from_str(row.get(1)).expect("json");
+        for (key, xmin) in rows {
+            writers.insert(key, (u16::try_from(port).unwrap(), xmin));
+        }
+    }
+    writers
+}

@@ -11,7 +11,8 @@ use tonic::Code;
 
 use super::shape::Shape;
 use super::watch::{Watched, Watcher};
-use super::{Servers, Tally, WHERE_KEY, gated_server};
+use super::{Servers, Tally, assert_one_writer_per_node, gated_servers, set_after_update};
+use crate::backend::{self, Database};
 use crate::helpers::*;
 
 /// What is done to the record before the Complete compared.
@@ -199,16 +200,6 @@ struct Prepared {
     fencing: u64,
 }
 
-/// Runs `update` (a SET clause) on the record of `key`.
-async fn update(sql: &Client, key: &str, update: &str) {
-    sql.execute(
-        &format!("UPDATE idempotency_keys SET {update} WHERE {WHERE_KEY}"),
-        &[&"s", &key],
-    )
-    .await
-    .unwrap();
-}
-
 /// Acquires `key` for `case` through `server` and does what the case does
 /// before the Complete compared. Times are set relative to the record's
 /// own, so that each path's record keeps the same offsets.
@@ -245,29 +236,18 @@ async fn prepare(server: &TestServer, sql: &Client, case: &Case, key: String) ->
                 .unwrap();
         }
         Before::LeaseRanOut => {
-            update(
-                sql,
-                &key,
-                "lease_expires_at = updated_at - interval '1 minute'",
-            )
-            .await;
+            set_after_update(sql, &key, &[("lease_expires_at", -60)]).await;
         }
         Before::Completed(first) => {
             complete_ok(&mut client, complete("s", &key, &own, outcome(first))).await;
         }
         Before::TakenOver => {
-            update(
-                sql,
-                &key,
-                "lease_expires_at = updated_at - interval '1 minute'",
-            )
-            .await;
+            set_after_update(sql, &key, &[("lease_expires_at", -60)]).await;
             proceed(&mut client, request).await;
         }
         Before::Expired => {
-            let past = "lease_expires_at = updated_at - interval '2 seconds', \
-                        expires_at = updated_at - interval '1 second'";
-            update(sql, &key, past).await;
+            let past = [("lease_expires_at", -2), ("expires_at", -1)];
+            set_after_update(sql, &key, &past).await;
         }
     }
     Prepared {
@@ -367,8 +347,8 @@ async fn seen(
 }
 
 /// Every case on `server`, each Complete compared sent alone.
-async fn alone(server: &TestServer, sql: &Client, path: &str) -> Vec<Seen> {
-    let prepared = prepare_and_watch(server, sql, path).await;
+async fn alone(server: &TestServer, sql: &Client, path: String) -> Vec<Seen> {
+    let prepared = prepare_and_watch(server, sql, &path).await;
     let mut answers = Vec::new();
     for (case, (prepared, _)) in CASES.iter().zip(&prepared) {
         let mut client = server.client.clone();
@@ -378,21 +358,24 @@ async fn alone(server: &TestServer, sql: &Client, path: &str) -> Vec<Seen> {
     seen(server, prepared, answers).await
 }
 
-/// Every case on `gated`, the Completes compared queued together behind the
-/// gate and run as one statement.
-async fn group_commit(gated: &TestServer, sql: &Client) -> Vec<Seen> {
-    let prepared = prepare_and_watch(gated, sql, "group-commit").await;
+/// Every case on `gated`, the Completes compared queued together behind
+/// `gate` and run as one statement (per node).
+async fn group_commit(
+    gated: &TestServer,
+    path: &str,
+    gate: &Gate,
+    db: &Database,
+    sql: &Client,
+) -> Vec<Seen> {
+    let path = path.replace(' ', "-");
+    let prepared = prepare_and_watch(gated, sql, &path).await;
     let mut client = gated.client.clone();
-    let gate_token = token(&proceed(&mut client, acquire("s", "gate-complete")).await);
-    shut_gate(sql).await;
-    let gate = tokio::spawn(async move {
+    let gate_key = format!("gate-complete-{path}");
+    let gate_token = token(&proceed(&mut client, acquire("s", &gate_key)).await);
+    gate.shut().await;
+    let gate_call = tokio::spawn(async move {
         client
-            .complete(complete(
-                "s",
-                "gate-complete",
-                &gate_token,
-                success(b"gate"),
-            ))
+            .complete(complete("s", &gate_key, &gate_token, success(b"gate")))
             .await
             .expect("the gate call passes once opened");
     });
@@ -407,48 +390,54 @@ async fn group_commit(gated: &TestServer, sql: &Client) -> Vec<Seen> {
             })
             .collect()
     };
-    let answers = batched(gated, sql, gate, calls).await;
+    let answers = gate.batched(gated, gate_call, calls).await;
     let written: Vec<String> = CASES
         .iter()
         .zip(&prepared)
         .filter(|(case, _)| case.writes())
         .map(|(_, (prepared, _))| prepared.key.clone())
         .collect();
-    assert_eq!(
-        writers(sql, &written).await,
-        1,
-        "one statement wrote them all"
-    );
+    assert_one_writer_per_node(db, &written).await;
     seen(gated, prepared, answers).await
 }
 
 #[tokio::test]
 async fn complete_leaves_the_same_record_alone_or_in_a_group_commit() {
-    let db = TestDatabase::create().await;
+    let Some(db) = backend::database().await else {
+        return;
+    };
     let sql = db.connect().await;
     let servers = Servers::start(&db).await;
-    let gated = gated_server(&db, &sql).await;
+    let (gated, gate) = gated_servers(&db).await;
     let mut tally = Tally::default();
 
     // The paths side by side: each waits for its watchers' windows.
-    let (reference, cached, uncached, grouped) = tokio::join!(
-        alone(&servers.single, &sql, "single-call"),
-        alone(&servers.cached, &sql, "cached"),
-        alone(&servers.uncached, &sql, "uncached"),
-        group_commit(&gated, &sql),
-    );
+    let alone_on_each = servers
+        .paths()
+        .map(|(path, server)| alone(server, &sql, path.replace(' ', "-")));
+    // The group commits one after another: they share the gate.
+    let group_commits = async {
+        let mut grouped = Vec::new();
+        for (path, server) in &gated {
+            let seen = group_commit(server, path, &gate, &db, &sql).await;
+            grouped.push((path.clone(), seen));
+        }
+        grouped
+    };
+    let (alone_on_each, grouped) =
+        tokio::join!(futures_util::future::join_all(alone_on_each), group_commits,);
+    let mut seen_on_each = servers
+        .paths()
+        .map(|(path, _)| path.to_owned())
+        .zip(alone_on_each);
+    let (reference_path, reference) = seen_on_each.next().expect("the reference path");
     for (case, seen) in CASES.iter().zip(&reference) {
-        let what = format!("{} / single call", case.name);
+        let what = format!("{} / {reference_path}", case.name);
         let expected = case.expect.to_owned();
         tally.compare(&what, "the contract", &expected, &seen.label());
     }
-    let paths = [
-        ("replay cache on", cached),
-        ("replay cache off", uncached),
-        ("group commit", grouped),
-    ];
-    for (path, seen) in &paths {
-        for ((case, expected), got) in CASES.iter().zip(&reference).zip(seen) {
+    for (path, seen) in seen_on_each.chain(grouped) {
+        for ((case, expected), got) in CASES.iter().zip(&reference).zip(&seen) {
             let what = format!("{} / {path}", case.name);
             tally.compare(&what, "a single call", expected, got);
         }

@@ -18,6 +18,8 @@ pub const GATE_LOCK: i64 = 4242;
 /// it run one shared connection (`shared_connections = 1`), so one batch
 /// worker per kind.
 pub async fn install_gate(db: &tokio_postgres::Client) {
+    // One statement at a time: Citus sends each to the workers as it came,
+    // and a worker refuses several commands in one.
     db.batch_execute(&format!(
         "CREATE FUNCTION test_gate() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
@@ -25,10 +27,14 @@ pub async fn install_gate(db: &tokio_postgres::Client) {
                  PERFORM pg_advisory_xact_lock_shared({GATE_LOCK});
              END IF;
              RETURN NEW;
-         END $$;
-         CREATE TRIGGER test_gate BEFORE INSERT OR UPDATE ON idempotency_keys
-             FOR EACH ROW EXECUTE FUNCTION test_gate();"
+         END $$"
     ))
+    .await
+    .expect("install the gate function");
+    db.batch_execute(
+        "CREATE TRIGGER test_gate BEFORE INSERT OR UPDATE ON idempotency_keys
+             FOR EACH ROW EXECUTE FUNCTION test_gate()",
+    )
     .await
     .expect("install the gate trigger");
 }
@@ -110,4 +116,66 @@ pub async fn writers(db: &tokio_postgres::Client, keys: &[String]) -> i64 {
     .await
     .unwrap()
     .get(0)
+}
+
+/// The gate's lock held from connections of the test's own, one per node
+/// where the gate trigger runs: one on a single PostgreSQL; on a Citus
+/// cluster one per worker, since the trigger runs on the worker holding the
+/// key's shard and advisory locks are each node's own.
+pub struct Gate {
+    holders: Vec<tokio_postgres::Client>,
+}
+
+impl Gate {
+    /// A gate whose lock `holders` take and release, and whose waiters are
+    /// counted on their nodes (each connected to the test's database).
+    pub fn held_by(holders: Vec<tokio_postgres::Client>) -> Gate {
+        Gate { holders }
+    }
+
+    /// Takes the lock on every node: from now on a gate key's statement
+    /// waits, wherever it runs.
+    pub async fn shut(&self) {
+        for holder in &self.holders {
+            shut_gate(holder).await;
+        }
+    }
+
+    /// Statements waiting at the gate, on every node.
+    pub async fn waiting(&self) -> i64 {
+        let mut waiting = 0;
+        for holder in &self.holders {
+            waiting += at_the_gate(holder).await;
+        }
+        waiting
+    }
+
+    /// As [`batched`], with the gate held on every node.
+    pub async fn batched<T: Send + 'static>(
+        &self,
+        server: &TestServer,
+        gate_call: JoinHandle<()>,
+        calls: impl FnOnce() -> Vec<JoinHandle<T>>,
+    ) -> Vec<T> {
+        eventually(
+            "a call to wait at the gate",
+            Duration::from_secs(10),
+            || async { (self.waiting().await > 0).then_some(()) },
+        )
+        .await;
+        let calls = calls();
+        until_queued(server, calls.len()).await;
+        for holder in &self.holders {
+            holder
+                .execute("SELECT pg_advisory_unlock($1)", &[&GATE_LOCK])
+                .await
+                .unwrap();
+        }
+        gate_call.await.unwrap();
+        let mut answers = Vec::new();
+        for call in calls {
+            answers.push(call.await.unwrap());
+        }
+        answers
+    }
 }
