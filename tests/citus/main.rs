@@ -13,6 +13,7 @@ mod cluster;
 #[path = "../api/conformance.rs"]
 mod conformance;
 mod direct;
+mod door;
 // Shared with the bench crate's Citus fault tests, which start clusters of
 // their own and stop or add nodes; these tests use the shared cluster.
 #[allow(dead_code)]
