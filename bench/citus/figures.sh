@@ -105,7 +105,7 @@ for mode in "${modes[@]}"; do
         target/release/idempotency-coordinator serve --database-url "$plain" \
             --listen 127.0.0.1:50151 --metrics-listen 127.0.0.1:9564 >"$log" 2>&1 &
         server=$!
-        for _ in $(seq 1 100); do grep -q "listening" "$log" && break; sleep 0.1; done
+        for _ in $(seq 1 100); do grep -q "listening for changes; ready" "$log" && break; sleep 0.1; done
         echo "== plain PostgreSQL: ${bench_args[*]}"
         target/release/idempotency-bench --target 127.0.0.1:50151 --server-pid "$server" \
             --metrics 127.0.0.1:9564 "${bench_args[@]}"
@@ -116,7 +116,7 @@ for mode in "${modes[@]}"; do
     target/release/idempotency-coordinator serve --database-url "$url" \
         --listen 127.0.0.1:50151 --metrics-listen 127.0.0.1:9564 "${extra[@]}" >"$log" 2>&1 &
     server=$!
-    for _ in $(seq 1 100); do grep -q "listening" "$log" && break; sleep 0.1; done
+    for _ in $(seq 1 100); do grep -q "listening for changes; ready" "$log" && break; sleep 0.1; done
     sql 5500 bench "TRUNCATE idempotency_keys" >/dev/null
     c0=$(commits); s0=$(snap)
     out=$(target/release/idempotency-bench --target 127.0.0.1:50151 --server-pid "$server" \
