@@ -173,6 +173,8 @@ mod tests {
                 expires_at: None,
                 fencing_token: 1,
             },
+            lease_request_id: String::new(),
+            admin: None,
         }
     }
 

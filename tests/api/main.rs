@@ -2,6 +2,7 @@
 //! server and a fresh PostgreSQL database of its own.
 
 mod acquire;
+mod admin;
 mod auth;
 mod batches;
 mod complete;
