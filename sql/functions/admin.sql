@@ -198,8 +198,11 @@ $$;
 --   least" above it. The table's size is estimated_rows, the planner's
 --   estimate (pg_class.reltuples), which costs nothing.
 --
--- Counts include records past their expiry that the sweeper has not
--- deleted yet. Spans keys: on Citus it runs on the coordinator.
+-- A loop of small statements rather than one recursive query: each is a
+-- plain aggregate over one tenant and scope, which Citus also runs (across
+-- the shards, on the coordinator), where it refuses recursive queries and
+-- correlated subqueries on a distributed table. Counts include records
+-- past their expiry that the sweeper has not deleted yet.
 CREATE OR REPLACE FUNCTION idempotency_admin_summary(
     p_tenant          text,
     p_cap             integer,
@@ -210,38 +213,35 @@ RETURNS TABLE (scope text, processing bigint, leases_expired bigint, failed bigi
                records_capped boolean, estimated_rows bigint)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    v_now timestamptz := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
+    v_now   timestamptz := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
+    v_scope text;
+    v_all   bigint;
 BEGIN
-    RETURN QUERY
-    WITH RECURSIVE scopes(scope) AS (
-        SELECT min(k.scope) FROM idempotency_keys k WHERE k.tenant = p_tenant
-        UNION ALL
-        SELECT (SELECT min(k.scope) FROM idempotency_keys k
-                 WHERE k.tenant = p_tenant AND k.scope > s.scope)
-          FROM scopes s WHERE s.scope IS NOT NULL
-    )
-    SELECT s.scope, p.n, p.expired, f.n, f.due, fp.n, least(a.n, p_cap::bigint),
-           a.n > p_cap,
-           (SELECT greatest(c.reltuples, 0)::bigint FROM pg_class c
-             WHERE c.oid = 'idempotency_keys'::regclass)
-      FROM scopes s
-     CROSS JOIN LATERAL (
-        SELECT count(*) AS n, count(*) FILTER (WHERE k.lease_expires_at <= v_now) AS expired
+    SELECT greatest(c.reltuples, 0)::bigint INTO estimated_rows
+      FROM pg_class c WHERE c.oid = 'idempotency_keys'::regclass;
+    SELECT min(k.scope) INTO v_scope FROM idempotency_keys k WHERE k.tenant = p_tenant;
+    WHILE v_scope IS NOT NULL LOOP
+        scope := v_scope;
+        SELECT count(*), count(*) FILTER (WHERE k.lease_expires_at <= v_now)
+          INTO processing, leases_expired
           FROM idempotency_keys k
-         WHERE k.tenant = p_tenant AND k.scope = s.scope AND k.status = 'PROCESSING') p
-     CROSS JOIN LATERAL (
-        SELECT count(*) AS n, count(*) FILTER (WHERE k.next_retry_at <= v_now) AS due
+         WHERE k.tenant = p_tenant AND k.scope = v_scope AND k.status = 'PROCESSING';
+        SELECT count(*), count(*) FILTER (WHERE k.next_retry_at <= v_now)
+          INTO failed, retries_due
           FROM idempotency_keys k
-         WHERE k.tenant = p_tenant AND k.scope = s.scope AND k.status = 'FAILED') f
-     CROSS JOIN LATERAL (
-        SELECT count(*) AS n FROM idempotency_keys k
-         WHERE k.tenant = p_tenant AND k.scope = s.scope AND k.status = 'FAILED_PERMANENT') fp
-     CROSS JOIN LATERAL (
-        SELECT count(*) AS n FROM (
+         WHERE k.tenant = p_tenant AND k.scope = v_scope AND k.status = 'FAILED';
+        SELECT count(*) INTO failed_permanent
+          FROM idempotency_keys k
+         WHERE k.tenant = p_tenant AND k.scope = v_scope AND k.status = 'FAILED_PERMANENT';
+        SELECT count(*) INTO v_all FROM (
             SELECT 1 FROM idempotency_keys k
-             WHERE k.tenant = p_tenant AND k.scope = s.scope
-             LIMIT p_cap + 1) capped) a
-     WHERE s.scope IS NOT NULL
-     ORDER BY s.scope;
+             WHERE k.tenant = p_tenant AND k.scope = v_scope
+             LIMIT p_cap + 1) capped;
+        records := least(v_all, p_cap::bigint);
+        records_capped := v_all > p_cap;
+        RETURN NEXT;
+        SELECT min(k.scope) INTO v_scope FROM idempotency_keys k
+         WHERE k.tenant = p_tenant AND k.scope > v_scope;
+    END LOOP;
 END;
 $$;

@@ -21,7 +21,7 @@ const LIST: &str = "SELECT * FROM idempotency_admin_list($1, $2, $3, $4, $5, $6,
 const SUMMARY: &str = "SELECT * FROM idempotency_admin_summary($1, $2, $3)";
 
 /// How many records of a scope the summary counts before it says "more".
-pub const SUMMARY_CAP: i32 = 10_000;
+pub const SUMMARY_CAP: i32 = 1_000;
 
 impl Store {
     /// Runs `idempotency_admin_act`: the record after the action, or the
