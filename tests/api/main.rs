@@ -8,6 +8,7 @@ mod batches;
 mod complete;
 mod concurrency;
 mod conformance;
+mod console;
 mod deadlines;
 mod door;
 mod due;
