@@ -70,6 +70,11 @@ impl Store {
             )
             .await?
             .ok_or(Refusal::NotFound)?;
+        // This replica stops replaying it at once; others within
+        // `replays::MAX_AGE`, when they read it again.
+        if let Some(replays) = &self.replays {
+            replays.forget(id);
+        }
         row::record(&row)
     }
 

@@ -309,3 +309,38 @@ async fn keys_are_listed_by_prefix_page_by_page_and_counted_per_scope() {
         "leases of 15 minutes ran out"
     );
 }
+
+#[tokio::test]
+async fn a_deleted_succeeded_record_is_not_replayed_from_the_cache() {
+    let app = spawn_app_with(|c| c.store.replay_cache_bytes = 1 << 20).await;
+    let mut client = app.client.clone();
+    let answer = client
+        .acquire(acquire("pay", "k"))
+        .await
+        .unwrap()
+        .into_inner();
+    let token = answer.lease.unwrap().token;
+    client
+        .complete(complete("pay", "k", &token, success(b"done")))
+        .await
+        .unwrap();
+    let replay = client
+        .acquire(acquire("pay", "k"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(decision(&replay), proto::Decision::AlreadyDone);
+
+    client
+        .delete_record(proto::DeleteRecordRequest {
+            target: target("pay", "k", "redo"),
+        })
+        .await
+        .expect("delete (authentication off: everyone is an admin)");
+    let again = client
+        .acquire(acquire("pay", "k"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(decision(&again), proto::Decision::Proceed);
+}
