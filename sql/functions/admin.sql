@@ -33,8 +33,11 @@ CREATE OR REPLACE FUNCTION idempotency_admin_act(
 RETURNS TABLE (outcome text, rec idempotency_keys)
 LANGUAGE plpgsql AS $$
 DECLARE
-    r     idempotency_keys;
-    v_now timestamptz;
+    r       idempotency_keys;
+    v_now   timestamptz;
+    -- Drawn here, not in the UPDATE: Citus refuses volatile functions in
+    -- an UPDATE of a distributed table.
+    v_token uuid := gen_random_uuid();
 BEGIN
     SELECT * INTO r FROM idempotency_keys k
      WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
@@ -60,7 +63,7 @@ BEGIN
         UPDATE idempotency_keys k SET
             status = CASE WHEN r.attempt_count >= r.max_attempts
                           THEN 'FAILED_PERMANENT' ELSE 'FAILED' END,
-            lease_token = gen_random_uuid(), lease_outcome = 'RELEASE',
+            lease_token = v_token, lease_outcome = 'RELEASE',
             lease_expires_at = NULL,
             next_retry_at = CASE WHEN r.attempt_count >= r.max_attempts THEN NULL ELSE v_now END,
             last_error = 'lease released by an administrator: ' || p_reason,
@@ -80,7 +83,7 @@ BEGIN
         UPDATE idempotency_keys k SET
             status = 'FAILED_PERMANENT',
             lease_token = CASE WHEN r.status = 'PROCESSING'
-                               THEN gen_random_uuid() ELSE r.lease_token END,
+                               THEN v_token ELSE r.lease_token END,
             lease_outcome = coalesce(r.lease_outcome, 'FAILURE'),
             lease_expires_at = NULL, next_retry_at = NULL,
             last_error = p_reason, last_error_at = v_now,
