@@ -31,8 +31,10 @@
 //                      token (`authorization: Bearer <token>`), when the
 //                      server requires them; answered from the headers, so
 //                      the request message is never read.
-//   PERMISSION_DENIED  reason PERMISSION_DENIED: Sweep without an admin
-//                      credential.
+//   PERMISSION_DENIED  reason PERMISSION_DENIED: Sweep or an admin call
+//                      (ReleaseLease, RetryNow, FailPermanently,
+//                      DeleteRecord, ListRecords, Summarize) without an
+//                      admin credential.
 //   RESOURCE_EXHAUSTED reason TOO_MANY_WAITERS: no waiting place is free on
 //                      this server for the caller's tenant; retry after
 //                      RetryInfo's delay, or call without `wait`.
@@ -56,6 +58,8 @@
 //   FAILED_PRECONDITION reason ALREADY_COMPLETED: Complete with the current
 //                      token but an outcome other than the one already stored
 //                      (success after failure, or failure after success).
+//   FAILED_PRECONDITION reason WRONG_STATUS: an admin action that the
+//                      record's status does not allow; nothing was changed.
 //   UNAVAILABLE        reason DATABASE_UNAVAILABLE: the database could not
 //                      be reached, or did not answer within the server's
 //                      --query-timeout. Retry after RetryInfo's delay. If the
