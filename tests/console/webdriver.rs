@@ -175,21 +175,38 @@ impl Browser {
             .unwrap_or_default()
     }
 
+    /// The first element matching `css`, waiting up to 5 seconds for it
+    /// (a form's answer may still be loading).
     pub async fn find(&self, css: &str) -> String {
-        self.find_all(css)
-            .await
-            .into_iter()
-            .next()
-            .unwrap_or_else(|| panic!("no element {css} on {}", futures_text(css)))
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(element) = self.find_all(css).await.into_iter().next() {
+                return element;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no element {css} on {}",
+                self.url().await
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
+    /// The text of the first element matching `css`; tried again while
+    /// the page reloads under it (a stale element).
     pub async fn text(&self, css: &str) -> String {
-        let element = self.find(css).await;
-        let text = self
-            .call("GET", &format!("/element/{element}/text"), None)
-            .await
-            .expect("text");
-        text.as_str().unwrap_or_default().to_owned()
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let element = self.find(css).await;
+            match self
+                .call("GET", &format!("/element/{element}/text"), None)
+                .await
+            {
+                Ok(text) => return text.as_str().unwrap_or_default().to_owned(),
+                Err(e) => assert!(tokio::time::Instant::now() < deadline, "text of {css}: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     pub async fn type_into(&self, css: &str, text: &str) {
@@ -264,8 +281,4 @@ impl Browser {
         let _ = self.call("DELETE", "", None).await;
         let _ = self.driver.kill().await;
     }
-}
-
-fn futures_text(css: &str) -> String {
-    format!("the page (looking for {css})")
 }
