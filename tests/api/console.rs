@@ -230,3 +230,50 @@ async fn the_admin_calls_answer_on_the_connect_routes_for_admins_only() {
     assert_eq!(body["records"][0]["status"], "STATUS_PROCESSING");
     assert_eq!(list(WORKER).await.unwrap().status(), 403);
 }
+
+#[tokio::test]
+async fn a_hostile_key_and_error_are_escaped_on_the_record_page() {
+    const KEY: &str = "<img/src=x/onerror=alert(1)>";
+    let file = tokens();
+    let app = app(true, &file).await;
+    let mut worker = client_with_token(&app, WORKER).await;
+    let answer = worker
+        .acquire(acquire("pay", KEY))
+        .await
+        .unwrap()
+        .into_inner();
+    let token = answer.lease.unwrap().token;
+    let error = "\"><script>alert(2)</script>";
+    worker
+        .complete(complete("pay", KEY, &token, failure(error)))
+        .await
+        .unwrap();
+    let client = client();
+    let cookie = cookies(&log_in(&client, &app, ADMIN).await);
+    let url = format!(
+        "{}/console/record?scope=pay&key={}",
+        base(&app),
+        form_urlencoded::byte_serialize(KEY.as_bytes()).collect::<String>()
+    );
+    let page = client
+        .get(url)
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("&lt;img/src=x/onerror=alert(1)&gt;"),
+        "{page}"
+    );
+    assert!(
+        page.contains("&quot;&gt;&lt;script&gt;alert(2)&lt;/script&gt;"),
+        "{page}"
+    );
+    assert!(
+        !page.contains("<img") && !page.contains("<script>alert"),
+        "{page}"
+    );
+}
