@@ -193,8 +193,9 @@ $$;
 --   descent per scope (a loose index scan), not by reading the records;
 -- - PROCESSING, FAILED and FAILED_PERMANENT records, which a healthy
 --   system has few of, are counted exactly from their partial indexes
---   (idempotency_keys_processing, _retries, _failed_permanent: index-only
---   scans), with those whose lease ran out and whose retry is due;
+--   (idempotency_keys_leases, once for all scopes; _retries and
+--   _failed_permanent per scope, index-only), with those whose lease ran
+--   out and whose retry is due;
 -- - all records of the scope are counted from the primary key up to p_cap
 --   (index-only); a scope with more says so (records_capped) rather than
 --   read them all. SUCCEEDED is what is left: exact below the cap, "at
@@ -217,18 +218,34 @@ RETURNS TABLE (scope text, processing bigint, leases_expired bigint, failed bigi
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_now   timestamptz := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
-    v_scope text;
-    v_all   bigint;
+    v_scope      text;
+    v_all        bigint;
+    v_processing jsonb;
 BEGIN
     SELECT greatest(c.reltuples, 0)::bigint INTO estimated_rows
       FROM pg_class c WHERE c.oid = 'idempotency_keys'::regclass;
+    -- PROCESSING records are as many as the work in flight: all of them
+    -- (every tenant's) are read once, through idempotency_keys_leases (an
+    -- index of their own per tenant and scope would cost every Acquire an
+    -- insert).
+    SELECT coalesce(jsonb_object_agg(p.scope, jsonb_build_array(p.n, p.expired)), '{}')
+      INTO v_processing
+      FROM (WITH inflight AS MATERIALIZED (
+                -- Materialised, so that the planner reads the in-flight
+                -- rows through their index rather than combine it with the
+                -- tenant's whole range of the primary key.
+                SELECT k.tenant, k.scope, k.lease_expires_at FROM idempotency_keys k
+                 WHERE k.status = 'PROCESSING')
+            SELECT i.scope, count(*) AS n,
+                   count(*) FILTER (WHERE i.lease_expires_at <= v_now) AS expired
+              FROM inflight i
+             WHERE i.tenant = p_tenant
+             GROUP BY i.scope) p;
     SELECT min(k.scope) INTO v_scope FROM idempotency_keys k WHERE k.tenant = p_tenant;
     WHILE v_scope IS NOT NULL LOOP
         scope := v_scope;
-        SELECT count(*), count(*) FILTER (WHERE k.lease_expires_at <= v_now)
-          INTO processing, leases_expired
-          FROM idempotency_keys k
-         WHERE k.tenant = p_tenant AND k.scope = v_scope AND k.status = 'PROCESSING';
+        processing := coalesce((v_processing -> v_scope ->> 0)::bigint, 0);
+        leases_expired := coalesce((v_processing -> v_scope ->> 1)::bigint, 0);
         SELECT count(*), count(*) FILTER (WHERE k.next_retry_at <= v_now)
           INTO failed, retries_due
           FROM idempotency_keys k

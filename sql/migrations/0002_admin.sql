@@ -1,7 +1,7 @@
 -- What an administrator last did to a record (the admin RPCs: ReleaseLease,
 -- RetryNow, FailPermanently; DeleteRecord leaves no row to record it on,
--- only the server's log line), and the partial indexes that keep the
--- admin summary cheap on a large table.
+-- only the server's log line), and the partial index that keeps the admin
+-- summary cheap on a large table.
 --
 -- The columns have no default, so adding them rewrites nothing: on a table
 -- of any size this is a change of the catalog only. The functions of
@@ -16,14 +16,14 @@ ALTER TABLE idempotency_keys
     -- When (database clock).
     ADD COLUMN admin_at     timestamptz;
 
--- The summary counts PROCESSING and FAILED_PERMANENT records per tenant and
--- scope from these alone (index-only scans), as it counts FAILED ones from
--- idempotency_keys_retries; SUCCEEDED records, the bulk of a large table,
--- are never counted one by one (sql/functions/admin.sql says how).
--- IF NOT EXISTS: on a large table, build them beforehand with CREATE INDEX
--- CONCURRENTLY under these names and definitions (a migration runs in one
+-- The summary counts FAILED_PERMANENT records per tenant and scope from
+-- this index alone (index-only scans), as it counts FAILED ones from
+-- idempotency_keys_retries and PROCESSING ones from idempotency_keys_leases;
+-- SUCCEEDED records, the bulk of a large table, are never counted one by
+-- one (sql/functions/admin.sql says how). A row enters it only when it
+-- becomes FAILED_PERMANENT, never on the Acquire/Complete hot path.
+-- IF NOT EXISTS: on a large table, build it beforehand with CREATE INDEX
+-- CONCURRENTLY under this name and definition (a migration runs in one
 -- transaction, where a plain build holds writes until it ends).
-CREATE INDEX IF NOT EXISTS idempotency_keys_processing ON idempotency_keys (tenant, scope, lease_expires_at)
-    WHERE status = 'PROCESSING';
 CREATE INDEX IF NOT EXISTS idempotency_keys_failed_permanent ON idempotency_keys (tenant, scope)
     WHERE status = 'FAILED_PERMANENT';

@@ -28,7 +28,7 @@ const RELEASED: &[(i32, &str, &str)] = &[
     (
         2,
         "admin",
-        "d50ecdb81593011151b4ce7e5c562c7b947287a716de76fab696abd283add8b2",
+        "7d800ac6d386928a8ced3f50fb9aa1e4ea502ec6bf1f2f1de5830b44be0c8885",
     ),
 ];
 
