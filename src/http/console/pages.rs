@@ -130,9 +130,14 @@ pub(super) fn home(session: &Session, summary: &proto::SummarizeResponse) -> Mar
         h1 { "Records" }
         (lookup_forms(""))
         h2 { "Scopes" }
-        p.note { "Counts of PROCESSING, FAILED and FAILED_PERMANENT records are exact; "
-            "all records are counted up to a cap (“+” above it). The table holds about "
-            (summary.estimated_table_records) " records in all (the database's estimate)." }
+        p.note {
+            "Counts of PROCESSING, FAILED and FAILED_PERMANENT records are exact; "
+            "all records are counted up to a cap (“+” above it)."
+            @if summary.estimated_table_records > 0 {
+                " The table holds about " (summary.estimated_table_records)
+                " records of all tenants (the database's estimate)."
+            }
+        }
         table.summary {
             thead { tr {
                 th { "Scope" } th { "Records" } th { "Succeeded" } th { "Processing" }
