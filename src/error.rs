@@ -131,6 +131,7 @@ impl From<Error> for Status {
                     Refusal::LeaseLost => (Code::Aborted, "LEASE_LOST"),
                     Refusal::LeaseExpired => (Code::Aborted, "LEASE_EXPIRED"),
                     Refusal::AlreadyCompleted => (Code::FailedPrecondition, "ALREADY_COMPLETED"),
+                    Refusal::WrongStatus => (Code::FailedPrecondition, "WRONG_STATUS"),
                 };
                 metrics::refused(reason);
                 status(code, reason, message, ErrorDetails::new())

@@ -19,7 +19,9 @@
 //!   commit, `store::batch` with arguments bound in `store::calls`; on
 //!   Citus one statement per node, by `store::shards`' map of the shards),
 //!   `store::maintenance` (sweeps, due records; on Citus per shard and per
-//!   key, `sql/citus/maintenance.sql`), `store::row` and
+//!   key, `sql/citus/maintenance.sql`),
+//!   `store::admin` (the admin RPCs' actions, lists and summaries,
+//!   `sql/functions/admin.sql`), `store::row` and
 //!   [`store::names`] (rows and the SQL functions' names into domain values),
 //!   `store::replays` (SUCCEEDED records answered from memory until shortly
 //!   before they expire), [`store::listener`] (the LISTEN connection and the
@@ -36,7 +38,7 @@
 //!   URLs refused up front, `connect_error::url`; and the one-connection
 //!   probe start-up waits with, `connect_error::probe`).
 //! - [`service`]: the gRPC `Coordinator` trait: decode into domain commands,
-//!   call the store, encode the answer; `service::wait` holds Acquire's wait
+//!   call the store, encode the answer; `service::admin` the admin RPCs; `service::wait` holds Acquire's wait
 //!   window and the Watch stream.
 //! - [`error`]: the one error type and its exhaustive mapping to gRPC status
 //!   codes with rich error details.
@@ -74,6 +76,10 @@
 //!   (every unary RPC in the Connect protocol's shape, canonical proto3
 //!   JSON), `http::events` (Watch and WatchDue as Server-Sent Events) and
 //!   `http::json` (that JSON, by reflection over the embedded descriptors),
+//!   `http::console` (the operator console at `/console/`, `--console`:
+//!   server-rendered pages over the admin RPCs, `console::session` for the
+//!   admin token's cookie and CSRF, `console::pages` the templates,
+//!   `console::actions` what each request does),
 //!   with `http::inprocess` (how the door makes a Coordinator call) and
 //!   `http::refusal` (why it refused a request: status, body, log, metric).
 //!   The door checks a request's headers (framing, cross-site, credentials,

@@ -22,7 +22,7 @@ BEGIN
           FROM pg_proc p
          WHERE p.proname IN ('idempotency_acquire', 'idempotency_complete',
                              'idempotency_extend_lease', 'idempotency_get',
-                             'idempotency_watch')
+                             'idempotency_watch', 'idempotency_admin_act', 'idempotency_admin_delete')
            AND p.pronamespace = (SELECT relnamespace FROM pg_class
                                   WHERE oid = 'idempotency_keys'::regclass)
            AND NOT EXISTS (SELECT FROM pg_dist_object o

@@ -37,6 +37,12 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEMPOTENCY_HTTP_LISTEN")]
     pub http_listen: Option<SocketAddr>,
 
+    /// Also serve the operator console at /console/ on the HTTP port
+    /// (--http-listen): records, leases and counts for an admin credential,
+    /// and the admin actions. Off unless given.
+    #[arg(long, env = "IDEMPOTENCY_CONSOLE", requires = "http_listen")]
+    pub console: bool,
+
     /// Where the database is (or where a private one is started).
     #[command(flatten)]
     pub database: DatabaseArgs,
@@ -91,6 +97,8 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     /// Where the HTTP/JSON door is served; `None`: nowhere.
     pub http_listen: Option<SocketAddr>,
+    /// The operator console is served on the HTTP door at /console/.
+    pub console: bool,
     /// How the store reaches PostgreSQL: URL, pool and shared connections,
     /// timeouts, replay cache.
     pub store: StoreConfig,
@@ -143,6 +151,7 @@ impl ServeConfig {
         ServeConfig {
             listen,
             http_listen: None,
+            console: false,
             store: StoreConfig::new(database_url),
             policy: Policy::default(),
             run_migrations: true,
@@ -175,6 +184,7 @@ impl From<ServeArgs> for ServeConfig {
         ServeConfig {
             listen: a.listen,
             http_listen: a.http_listen,
+            console: a.console,
             store: a.statements.store(a.database.database_url, &a.pool),
             policy: a.policy.policy(),
             run_migrations: !a.statements.skip_migrations,

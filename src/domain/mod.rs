@@ -2,16 +2,18 @@
 //! them, and the records and decisions the store hands back. No I/O here and
 //! nothing of gRPC or PostgreSQL, so the rules can be tested on their own.
 
+mod admin;
 mod input;
 mod policy;
 mod record;
 
+pub use admin::{AdminAction, AdminCommand, ListQuery, RecordLine, ScopeCounts, Summary};
 pub use input::{
     ErrorText, Fingerprint, InvalidInput, JsonValues, Key, LeaseToken, MAX_ERROR_CHARS, RequestId,
     Scope, Tenant, json_values_at_least,
 };
 pub use policy::{Backoff, Policy, TooManyWaiters, WaiterLimits};
 pub use record::{
-    AcquireCommand, Acquired, CompleteCommand, Decision, DueReason, DueRecord, ExtendCommand,
-    Lease, Outcome, Record, RecordId, Refusal, Status, StoredResult, SweepCounts,
+    AcquireCommand, Acquired, AdminNote, CompleteCommand, Decision, DueReason, DueRecord,
+    ExtendCommand, Lease, Outcome, Record, RecordId, Refusal, Status, StoredResult, SweepCounts,
 };

@@ -89,6 +89,23 @@ pub struct Record {
     pub expires_at: DateTime<Utc>,
     /// The latest lease; handed out only with a PROCEED decision.
     pub lease: Lease,
+    /// The request_id the latest lease was granted to; empty when none.
+    pub lease_request_id: String,
+    /// The last administrator's action on the record; `None` when none.
+    pub admin: Option<AdminNote>,
+}
+
+/// An administrator's action, as recorded on the record it changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminNote {
+    /// What was done: `RELEASE_LEASE`, `RETRY_NOW` or `FAIL_PERMANENTLY`.
+    pub action: String,
+    /// Who did it: the credential and the operator's own name.
+    pub actor: String,
+    /// Why, as the administrator wrote it.
+    pub reason: String,
+    /// When (database clock).
+    pub at: DateTime<Utc>,
 }
 
 impl Record {
@@ -221,6 +238,10 @@ pub enum Refusal {
         "the lease's holder already completed it with another outcome; the stored outcome stands"
     )]
     AlreadyCompleted,
+    /// An administrator's action that the record's status does not allow
+    /// (releasing the lease of a record nobody holds, say).
+    #[error("the record's status does not allow this action; the record is unchanged")]
+    WrongStatus,
 }
 
 /// A validated Acquire: which record, which request, and the limits its
@@ -362,6 +383,8 @@ mod tests {
                     expires_at: Some(now),
                     fencing_token: 1,
                 },
+                lease_request_id: String::new(),
+                admin: None,
             },
             retry_after: None,
         }

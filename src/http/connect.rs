@@ -40,12 +40,30 @@ pub const PREFER_HTTP_STATUS: &str = "idempotency-http-status";
 pub(super) const JSON_OR_PROTO: &str = "application/json (or application/proto)";
 
 /// The unary methods, with their request and response types.
-const UNARY: [(&str, &str, &str); 5] = [
+const UNARY: [(&str, &str, &str); 11] = [
     ("Acquire", "AcquireRequest", "AcquireResponse"),
     ("Complete", "CompleteRequest", "CompleteResponse"),
     ("ExtendLease", "ExtendLeaseRequest", "ExtendLeaseResponse"),
     ("Get", "GetRequest", "GetResponse"),
     ("Sweep", "SweepRequest", "SweepResponse"),
+    (
+        "ReleaseLease",
+        "ReleaseLeaseRequest",
+        "ReleaseLeaseResponse",
+    ),
+    ("RetryNow", "RetryNowRequest", "RetryNowResponse"),
+    (
+        "FailPermanently",
+        "FailPermanentlyRequest",
+        "FailPermanentlyResponse",
+    ),
+    (
+        "DeleteRecord",
+        "DeleteRecordRequest",
+        "DeleteRecordResponse",
+    ),
+    ("ListRecords", "ListRecordsRequest", "ListRecordsResponse"),
+    ("Summarize", "SummarizeRequest", "SummarizeResponse"),
 ];
 
 /// The server-streaming methods, answered as Server-Sent Events.

@@ -62,6 +62,16 @@ pub(super) async fn serve(
             call,
         )
         .await?;
+    Ok(event_stream(door, stream, output))
+}
+
+/// A Coordinator call's streamed answer as Server-Sent Events, one `data:`
+/// event per message in canonical JSON.
+pub(super) fn event_stream(
+    door: &Door,
+    stream: tonic::body::Body,
+    output: MessageDescriptor,
+) -> Response<HttpBody> {
     let events = Events {
         stream,
         pending: BytesMut::new(),
@@ -78,7 +88,7 @@ pub(super) async fn serve(
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     // Proxies that buffer answers would hold the events back.
     headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    Ok(response)
+    response
 }
 
 /// A gRPC answer's messages as Server-Sent Events.

@@ -31,6 +31,7 @@
 //! bodies are parsed on the blocking pool.
 
 pub mod connect;
+mod console;
 pub mod events;
 mod inprocess;
 pub mod json;
@@ -160,6 +161,8 @@ pub struct Door {
     max_body_bytes: usize,
     /// The longest a body may take to arrive.
     body_timeout: Duration,
+    /// The operator console is served at `/console/` (`--console`).
+    console: bool,
 }
 
 impl Door {
@@ -168,6 +171,7 @@ impl Door {
         auth: Arc<Authenticator>,
         max_request_bytes: usize,
         body_timeout: Duration,
+        console: bool,
     ) -> Result<Arc<Self>, prost_reflect::DescriptorError> {
         Ok(Arc::new(Door {
             admission,
@@ -175,6 +179,7 @@ impl Door {
             schema: Schema::load()?,
             max_body_bytes: max_request_bytes.saturating_mul(2),
             body_timeout,
+            console,
         }))
     }
 }
@@ -214,6 +219,9 @@ impl Door {
                 true => connect::refuse(&self, &e),
                 false => workflow::refuse(&e),
             };
+        }
+        if self.console && path.starts_with(console::PREFIX) {
+            return console::serve(&self, request, call).await;
         }
         if let Some(rpc) = path.strip_prefix(connect::SERVICE_PREFIX) {
             // The streaming methods as Server-Sent Events, the rest in

@@ -28,6 +28,12 @@ const SERVICES: &[(&str, &[&str])] = &[
             "Watch",
             "WatchDue",
             "Sweep",
+            "ReleaseLease",
+            "RetryNow",
+            "FailPermanently",
+            "DeleteRecord",
+            "ListRecords",
+            "Summarize",
         ],
     ),
     ("grpc.health.v1.Health", &["Check", "Watch"]),
@@ -52,11 +58,12 @@ const LATENCY_BUCKETS: [f64; 16] = [
 ];
 
 /// The reasons a call on a lease or record is refused (`ErrorInfo.reason`).
-const REFUSALS: [&str; 4] = [
+const REFUSALS: [&str; 5] = [
     "RECORD_NOT_FOUND",
     "LEASE_LOST",
     "LEASE_EXPIRED",
     "ALREADY_COMPLETED",
+    "WRONG_STATUS",
 ];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

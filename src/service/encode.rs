@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::domain::{Acquired, Decision, Lease, Record, Status, StoredResult};
+use crate::domain::{Acquired, Decision, Lease, Record, RecordLine, Status, StoredResult, Summary};
 use crate::proto;
 
 fn timestamp(t: DateTime<Utc>) -> prost_types::Timestamp {
@@ -78,6 +78,13 @@ pub fn record(r: Record) -> proto::Record {
         updated_at: Some(timestamp(r.updated_at)),
         completed_at: r.completed_at.map(timestamp),
         expires_at: Some(timestamp(r.expires_at)),
+        lease_request_id: r.lease_request_id,
+        admin_action: r.admin.map(|a| proto::AdminAction {
+            action: a.action,
+            actor: a.actor,
+            reason: a.reason,
+            at: Some(timestamp(a.at)),
+        }),
     }
 }
 
@@ -87,5 +94,37 @@ pub fn acquired(a: Acquired) -> proto::AcquireResponse {
         lease: a.lease().map(lease),
         retry_after: a.retry_after.map(duration),
         record: Some(record(a.record)),
+    }
+}
+
+pub fn record_line(l: RecordLine) -> proto::RecordSummary {
+    proto::RecordSummary {
+        key: l.key,
+        status: status(l.status).into(),
+        attempt_count: l.attempt_count,
+        max_attempts: l.max_attempts,
+        lease_expires_at: l.lease_expires_at.map(timestamp),
+        next_retry_at: l.next_retry_at.map(timestamp),
+        updated_at: Some(timestamp(l.updated_at)),
+    }
+}
+
+pub fn summary(s: Summary) -> proto::SummarizeResponse {
+    proto::SummarizeResponse {
+        scopes: s
+            .scopes
+            .into_iter()
+            .map(|c| proto::ScopeSummary {
+                scope: c.scope,
+                processing: c.processing,
+                leases_expired: c.leases_expired,
+                failed: c.failed,
+                retries_due: c.retries_due,
+                failed_permanent: c.failed_permanent,
+                records: c.records,
+                records_capped: c.records_capped,
+            })
+            .collect(),
+        estimated_table_records: s.estimated_table_records,
     }
 }

@@ -3,6 +3,7 @@
 //! (`Decision`); only calls that cannot be answered become a `Status`, through
 //! `crate::error`.
 
+mod admin;
 mod decode;
 mod due;
 mod encode;
@@ -22,7 +23,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument as _;
 
 use crate::auth::{Authenticator, Caller};
-use crate::domain::{AcquireCommand, Policy};
+use crate::domain::{AcquireCommand, AdminAction, Policy};
 use crate::error::Error;
 use crate::metrics;
 use crate::notify::Hub;
@@ -353,6 +354,66 @@ impl Coordinator for CoordinatorService {
             leases_reclaimed: counts.leases_reclaimed,
             retries_due: counts.retries_due,
         }))
+    }
+
+    async fn release_lease(
+        &self,
+        request: Request<proto::ReleaseLeaseRequest>,
+    ) -> Result<Response<proto::ReleaseLeaseResponse>, Status> {
+        let record = self
+            .admin_act(request, |r| r.target.as_ref(), AdminAction::ReleaseLease)
+            .await?;
+        Ok(Response::new(proto::ReleaseLeaseResponse {
+            record: Some(record),
+        }))
+    }
+
+    async fn retry_now(
+        &self,
+        request: Request<proto::RetryNowRequest>,
+    ) -> Result<Response<proto::RetryNowResponse>, Status> {
+        let record = self
+            .admin_act(request, |r| r.target.as_ref(), AdminAction::RetryNow)
+            .await?;
+        Ok(Response::new(proto::RetryNowResponse {
+            record: Some(record),
+        }))
+    }
+
+    async fn fail_permanently(
+        &self,
+        request: Request<proto::FailPermanentlyRequest>,
+    ) -> Result<Response<proto::FailPermanentlyResponse>, Status> {
+        let record = self
+            .admin_act(request, |r| r.target.as_ref(), AdminAction::FailPermanently)
+            .await?;
+        Ok(Response::new(proto::FailPermanentlyResponse {
+            record: Some(record),
+        }))
+    }
+
+    async fn delete_record(
+        &self,
+        request: Request<proto::DeleteRecordRequest>,
+    ) -> Result<Response<proto::DeleteRecordResponse>, Status> {
+        let record = self.admin_delete(request).await?;
+        Ok(Response::new(proto::DeleteRecordResponse {
+            record: Some(record),
+        }))
+    }
+
+    async fn list_records(
+        &self,
+        request: Request<proto::ListRecordsRequest>,
+    ) -> Result<Response<proto::ListRecordsResponse>, Status> {
+        Ok(Response::new(self.admin_list(request).await?))
+    }
+
+    async fn summarize(
+        &self,
+        request: Request<proto::SummarizeRequest>,
+    ) -> Result<Response<proto::SummarizeResponse>, Status> {
+        Ok(Response::new(self.admin_summary(request).await?))
     }
 }
 

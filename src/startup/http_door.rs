@@ -39,6 +39,7 @@ impl HttpDoor {
             auth,
             config.max_request_bytes,
             config.request_body_timeout,
+            config.console,
         )?;
         Ok(Some(HttpDoor {
             listener,

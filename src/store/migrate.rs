@@ -71,11 +71,18 @@ pub struct Migration {
 
 /// Every numbered migration this binary knows, in order. Released ones are
 /// never edited (see the module documentation).
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "baseline",
-    sql: include_str!("../../sql/migrations/0001_baseline.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "baseline",
+        sql: include_str!("../../sql/migrations/0001_baseline.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "admin",
+        sql: include_str!("../../sql/migrations/0002_admin.sql"),
+    },
+];
 
 /// One file of functions, applied again whenever its contents change.
 pub struct FunctionFile {
@@ -128,6 +135,10 @@ pub const FUNCTIONS: &[FunctionFile] = &[
     FunctionFile {
         name: "due",
         sql: include_str!("../../sql/functions/due.sql"),
+    },
+    FunctionFile {
+        name: "admin",
+        sql: include_str!("../../sql/functions/admin.sql"),
     },
 ];
 

@@ -34,6 +34,7 @@
 //!   where it went and what to check; and the database URLs refused before
 //!   any connection is tried.
 
+mod admin;
 mod batch;
 mod calls;
 pub mod citus;
@@ -59,6 +60,7 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use tokio_postgres::Row;
 
+pub use admin::SUMMARY_CAP;
 use calls::{AcquireCall, CompleteCall};
 pub use maintenance::{ShardLimits, ShardSwept};
 use replays::Replays;

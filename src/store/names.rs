@@ -30,8 +30,19 @@ pub fn refusal(name: &str) -> Option<Option<Refusal>> {
         "LEASE_LOST" => Some(Refusal::LeaseLost),
         "LEASE_EXPIRED" => Some(Refusal::LeaseExpired),
         "ALREADY_COMPLETED" => Some(Refusal::AlreadyCompleted),
+        "WRONG_STATUS" => Some(Refusal::WrongStatus),
         _ => return None,
     })
+}
+
+/// A status's name in the `status` column.
+pub fn status_name(status: Status) -> &'static str {
+    match status {
+        Status::Processing => "PROCESSING",
+        Status::Succeeded => "SUCCEEDED",
+        Status::Failed => "FAILED",
+        Status::FailedPermanent => "FAILED_PERMANENT",
+    }
 }
 
 /// The name `idempotency_complete` takes for an outcome.

@@ -80,6 +80,11 @@ impl Replays {
         })
     }
 
+    /// Forgets what was kept for `id` (an administrator deleted it).
+    pub fn forget(&self, id: &RecordId) {
+        self.records.remove(id);
+    }
+
     /// Keeps `record`, read for `id` at `now` (database time), if it is
     /// SUCCEEDED and not about to expire; otherwise forgets what was kept
     /// for `id`, since the database's answer is newer.
@@ -173,6 +178,8 @@ mod tests {
                 expires_at: None,
                 fencing_token: 1,
             },
+            lease_request_id: String::new(),
+            admin: None,
         }
     }
 

@@ -5,7 +5,8 @@ use tokio_postgres::Row;
 
 use super::{StoreError, names};
 use crate::domain::{
-    DueReason, DueRecord, Fingerprint, Lease, LeaseToken, Record, Status, StoredResult, Tenant,
+    AdminNote, DueReason, DueRecord, Fingerprint, Lease, LeaseToken, Record, Status, StoredResult,
+    Tenant,
 };
 
 fn count(row: &Row, column: &str) -> Result<u32, StoreError> {
@@ -57,7 +58,29 @@ pub(super) fn record(row: &Row) -> Result<Record, StoreError> {
             expires_at: lease_expires_at,
             fencing_token,
         },
+        lease_request_id: row.try_get("lease_request_id")?,
+        admin: admin_note(row)?,
     })
+}
+
+/// The last administrator's action (`sql/migrations/0002_admin.sql`), when
+/// the row has one.
+fn admin_note(row: &Row) -> Result<Option<AdminNote>, StoreError> {
+    let Some(action) = row.try_get::<_, Option<String>>("admin_action")? else {
+        return Ok(None);
+    };
+    Ok(Some(AdminNote {
+        action,
+        actor: row
+            .try_get::<_, Option<String>>("admin_actor")?
+            .unwrap_or_default(),
+        reason: row
+            .try_get::<_, Option<String>>("admin_reason")?
+            .unwrap_or_default(),
+        at: row
+            .try_get::<_, Option<_>>("admin_at")?
+            .ok_or_else(|| StoreError::Corrupt("admin_action without admin_at".into()))?,
+    }))
 }
 
 /// A claimed due row: PROCESSING (lease run out) or FAILED that no holder

@@ -2,6 +2,7 @@
 //! server and a fresh PostgreSQL database of its own.
 
 mod acquire;
+mod admin;
 mod auth;
 #[path = "conformance/backend.rs"]
 mod backend;
@@ -9,6 +10,7 @@ mod batches;
 mod complete;
 mod concurrency;
 mod conformance;
+mod console;
 mod deadlines;
 mod door;
 mod due;

@@ -31,8 +31,10 @@
 //                      token (`authorization: Bearer <token>`), when the
 //                      server requires them; answered from the headers, so
 //                      the request message is never read.
-//   PERMISSION_DENIED  reason PERMISSION_DENIED: Sweep without an admin
-//                      credential.
+//   PERMISSION_DENIED  reason PERMISSION_DENIED: Sweep or an admin call
+//                      (ReleaseLease, RetryNow, FailPermanently,
+//                      DeleteRecord, ListRecords, Summarize) without an
+//                      admin credential.
 //   RESOURCE_EXHAUSTED reason TOO_MANY_WAITERS: no waiting place is free on
 //                      this server for the caller's tenant; retry after
 //                      RetryInfo's delay, or call without `wait`.
@@ -56,6 +58,8 @@
 //   FAILED_PRECONDITION reason ALREADY_COMPLETED: Complete with the current
 //                      token but an outcome other than the one already stored
 //                      (success after failure, or failure after success).
+//   FAILED_PRECONDITION reason WRONG_STATUS: an admin action that the
+//                      record's status does not allow; nothing was changed.
 //   UNAVAILABLE        reason DATABASE_UNAVAILABLE: the database could not
 //                      be reached, or did not answer within the server's
 //                      --query-timeout. Retry after RetryInfo's delay. If the
@@ -84,7 +88,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file idempotency/v1/coordinator.proto.
  */
 export const file_idempotency_v1_coordinator: GenFile = /*@__PURE__*/
-  fileDesc("CiBpZGVtcG90ZW5jeS92MS9jb29yZGluYXRvci5wcm90bxIOaWRlbXBvdGVuY3kudjEitAIKDkFjcXVpcmVSZXF1ZXN0Eg0KBXNjb3BlGAEgASgJEgsKA2tleRgCIAEoCRIVCgtmaW5nZXJwcmludBgDIAEoCUgAEhEKB3BheWxvYWQYBCABKAxIABIWCgxqc29uX3BheWxvYWQYBSABKAlIABIsCglsZWFzZV90dGwYBiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SFAoMbWF4X2F0dGVtcHRzGAcgASgNEiwKCXJldGVudGlvbhgIIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhInCgR3YWl0GAkgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhIKCnJlcXVlc3RfaWQYCiABKAlCFQoTcmVxdWVzdF9maW5nZXJwcmludCK7AQoPQWNxdWlyZVJlc3BvbnNlEioKCGRlY2lzaW9uGAEgASgOMhguaWRlbXBvdGVuY3kudjEuRGVjaXNpb24SJAoFbGVhc2UYAiABKAsyFS5pZGVtcG90ZW5jeS52MS5MZWFzZRImCgZyZWNvcmQYAyABKAsyFi5pZGVtcG90ZW5jeS52MS5SZWNvcmQSLgoLcmV0cnlfYWZ0ZXIYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24ibgoFTGVhc2USDQoFdG9rZW4YASABKAkSDwoHYXR0ZW1wdBgCIAEoDRIuCgpleHBpcmVzX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1mZW5jaW5nX3Rva2VuGAQgASgEItEBCg9Db21wbGV0ZVJlcXVlc3QSDQoFc2NvcGUYASABKAkSCwoDa2V5GAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEioKB3N1Y2Nlc3MYBCABKAsyFy5pZGVtcG90ZW5jeS52MS5TdWNjZXNzSAASKgoHZmFpbHVyZRgFIAEoCzIXLmlkZW1wb3RlbmN5LnYxLkZhaWx1cmVIABIqCgdyZWxlYXNlGAYgASgLMhcuaWRlbXBvdGVuY3kudjEuUmVsZWFzZUgAQgkKB291dGNvbWUiWAoHU3VjY2VzcxIOCgZyZXN1bHQYASABKAwSFAoMY29udGVudF90eXBlGAIgASgJEhMKC3N0YXR1c19jb2RlGAMgASgFEhIKCnJlc3VsdF9yZWYYBCABKAkiWwoHRmFpbHVyZRINCgVlcnJvchgBIAEoCRIRCglwZXJtYW5lbnQYAiABKAgSLgoLcmV0cnlfYWZ0ZXIYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iCQoHUmVsZWFzZSI6ChBDb21wbGV0ZVJlc3BvbnNlEiYKBnJlY29yZBgBIAEoCzIWLmlkZW1wb3RlbmN5LnYxLlJlY29yZCKbAQoSRXh0ZW5kTGVhc2VSZXF1ZXN0Eg0KBXNjb3BlGAEgASgJEgsKA2tleRgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoCRIsCglleHRlbmRfYnkYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SFwoKY2hlY2twb2ludBgFIAEoDEgAiAEBQg0KC19jaGVja3BvaW50IjsKE0V4dGVuZExlYXNlUmVzcG9uc2USJAoFbGVhc2UYASABKAsyFS5pZGVtcG90ZW5jeS52MS5MZWFzZSIoCgpHZXRSZXF1ZXN0Eg0KBXNjb3BlGAEgASgJEgsKA2tleRgCIAEoCSI1CgtHZXRSZXNwb25zZRImCgZyZWNvcmQYASABKAsyFi5pZGVtcG90ZW5jeS52MS5SZWNvcmQiVgoMV2F0Y2hSZXF1ZXN0Eg0KBXNjb3BlGAEgASgJEgsKA2tleRgCIAEoCRIqCgd0aW1lb3V0GAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIkcKCldhdGNoRXZlbnQSJgoGcmVjb3JkGAEgASgLMhYuaWRlbXBvdGVuY3kudjEuUmVjb3JkEhEKCXRpbWVkX291dBgCIAEoCCIgCg9XYXRjaER1ZVJlcXVlc3QSDQoFc2NvcGUYASABKAkiXgoJRHVlUmVjb3JkEiYKBnJlY29yZBgBIAEoCzIWLmlkZW1wb3RlbmN5LnYxLlJlY29yZBIpCgZyZWFzb24YAiABKA4yGS5pZGVtcG90ZW5jeS52MS5EdWVSZWFzb24iLgoMU3dlZXBSZXF1ZXN0Eg8KB2RyeV9ydW4YASABKAgSDQoFbGltaXQYAiABKA0iVwoNU3dlZXBSZXNwb25zZRIXCg9leHBpcmVkX2RlbGV0ZWQYASABKAQSGAoQbGVhc2VzX3JlY2xhaW1lZBgCIAEoBBITCgtyZXRyaWVzX2R1ZRgDIAEoBCLUBAoGUmVjb3JkEg0KBXNjb3BlGAEgASgJEgsKA2tleRgCIAEoCRImCgZzdGF0dXMYAyABKA4yFi5pZGVtcG90ZW5jeS52MS5TdGF0dXMSEwoLZmluZ2VycHJpbnQYBCABKAkSFQoNYXR0ZW1wdF9jb3VudBgFIAEoDRIUCgxtYXhfYXR0ZW1wdHMYBiABKA0SNAoQbGVhc2VfZXhwaXJlc19hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMQoNbmV4dF9yZXRyeV9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKbGFzdF9lcnJvchgJIAEoCRIxCg1sYXN0X2Vycm9yX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBInCgZyZXN1bHQYCyABKAsyFy5pZGVtcG90ZW5jeS52MS5TdWNjZXNzEhIKCmNoZWNrcG9pbnQYDCABKAwSFQoNZmVuY2luZ190b2tlbhgNIAEoBBIuCgpjcmVhdGVkX2F0GA4gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgp1cGRhdGVkX2F0GA8gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCgxjb21wbGV0ZWRfYXQYECABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCmV4cGlyZXNfYXQYESABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wKrgBCghEZWNpc2lvbhIYChRERUNJU0lPTl9VTlNQRUNJRklFRBAAEhQKEERFQ0lTSU9OX1BST0NFRUQQARIZChVERUNJU0lPTl9BTFJFQURZX0RPTkUQAhIYChRERUNJU0lPTl9JTl9QUk9HUkVTUxADEhgKFERFQ0lTSU9OX1JFVFJZX0xBVEVSEAQSFQoRREVDSVNJT05fQ09ORkxJQ1QQBRIWChJERUNJU0lPTl9FWEhBVVNURUQQBipfCglEdWVSZWFzb24SGgoWRFVFX1JFQVNPTl9VTlNQRUNJRklFRBAAEhgKFERVRV9SRUFTT05fUkVUUllfRFVFEAESHAoYRFVFX1JFQVNPTl9MRUFTRV9FWFBJUkVEEAIqfQoGU3RhdHVzEhYKElNUQVRVU19VTlNQRUNJRklFRBAAEhUKEVNUQVRVU19QUk9DRVNTSU5HEAESFAoQU1RBVFVTX1NVQ0NFRURFRBACEhEKDVNUQVRVU19GQUlMRUQQAxIbChdTVEFUVVNfRkFJTEVEX1BFUk1BTkVOVBAEMpUECgtDb29yZGluYXRvchJKCgdBY3F1aXJlEh4uaWRlbXBvdGVuY3kudjEuQWNxdWlyZVJlcXVlc3QaHy5pZGVtcG90ZW5jeS52MS5BY3F1aXJlUmVzcG9uc2USTQoIQ29tcGxldGUSHy5pZGVtcG90ZW5jeS52MS5Db21wbGV0ZVJlcXVlc3QaIC5pZGVtcG90ZW5jeS52MS5Db21wbGV0ZVJlc3BvbnNlElYKC0V4dGVuZExlYXNlEiIuaWRlbXBvdGVuY3kudjEuRXh0ZW5kTGVhc2VSZXF1ZXN0GiMuaWRlbXBvdGVuY3kudjEuRXh0ZW5kTGVhc2VSZXNwb25zZRI+CgNHZXQSGi5pZGVtcG90ZW5jeS52MS5HZXRSZXF1ZXN0GhsuaWRlbXBvdGVuY3kudjEuR2V0UmVzcG9uc2USQwoFV2F0Y2gSHC5pZGVtcG90ZW5jeS52MS5XYXRjaFJlcXVlc3QaGi5pZGVtcG90ZW5jeS52MS5XYXRjaEV2ZW50MAESSAoIV2F0Y2hEdWUSHy5pZGVtcG90ZW5jeS52MS5XYXRjaER1ZVJlcXVlc3QaGS5pZGVtcG90ZW5jeS52MS5EdWVSZWNvcmQwARJECgVTd2VlcBIcLmlkZW1wb3RlbmN5LnYxLlN3ZWVwUmVxdWVzdBodLmlkZW1wb3RlbmN5LnYxLlN3ZWVwUmVzcG9uc2VClQEKDmlkZW1wb3RlbmN5LnYxQhBDb29yZGluYXRvclByb3RvUAFaO2lkZW1wb3RlbmN5LWNvb3JkaW5hdG9yL2dlbi9nby9pZGVtcG90ZW5jeS92MTtpZGVtcG90ZW5jeXYxqgIOSWRlbXBvdGVuY3kuVjHKAg5JZGVtcG90ZW5jeVxWMeoCD0lkZW1wb3RlbmN5OjpWMWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("CiBpZGVtcG90ZW5jeS92MS9jb29yZGluYXRvci5wcm90bxIOaWRlbXBvdGVuY3kudjEitAIKDkFjcXVpcmVSZXF1ZXN0Eg0KBXNjb3BlGAEgASgJEgsKA2tleRgCIAEoCRIVCgtmaW5nZXJwcmludBgDIAEoCUgAEhEKB3BheWxvYWQYBCABKAxIABIWCgxqc29uX3BheWxvYWQYBSABKAlIABIsCglsZWFzZV90dGwYBiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SFAoMbWF4X2F0dGVtcHRzGAcgASgNEiwKCXJldGVudGlvbhgIIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhInCgR3YWl0GAkgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhIKCnJlcXVlc3RfaWQYCiABKAlCFQoTcmVxdWVzdF9maW5nZXJwcmludCK7AQoPQWNxdWlyZVJlc3BvbnNlEioKCGRlY2lzaW9uGAEgASgOMhguaWRlbXBvdGVuY3kudjEuRGVjaXNpb24SJAoFbGVhc2UYAiABKAsyFS5pZGVtcG90ZW5jeS52MS5MZWFzZRImCgZyZWNvcmQYAyABKAsyFi5pZGVtcG90ZW5jeS52MS5SZWNvcmQSLgoLcmV0cnlfYWZ0ZXIYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24ibgoFTGVhc2USDQoFdG9rZW4YASABKAkSDwoHYXR0ZW1wdBgCIAEoDRIuCgpleHBpcmVzX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1mZW5jaW5nX3Rva2VuGAQgASgEItEBCg9Db21wbGV0ZVJlcXVlc3QSDQoFc2NvcGUYASABKAkSCwoDa2V5GAIgASgJEhMKC2xlYXNlX3Rva2VuGAMgASgJEioKB3N1Y2Nlc3MYBCABKAsyFy5pZGVtcG90ZW5jeS52MS5TdWNjZXNzSAASKgoHZmFpbHVyZRgFIAEoCzIXLmlkZW1wb3RlbmN5LnYxLkZhaWx1cmVIABIqCgdyZWxlYXNlGAYgASgLMhcuaWRlbXBvdGVuY3kudjEuUmVsZWFzZUgAQgkKB291dGNvbWUiWAoHU3VjY2VzcxIOCgZyZXN1bHQYASABKAwSFAoMY29udGVudF90eXBlGAIgASgJEhMKC3N0YXR1c19jb2RlGAMgASgFEhIKCnJlc3VsdF9yZWYYBCABKAkiWwoHRmFpbHVyZRINCgVlcnJvchgBIAEoCRIRCglwZXJtYW5lbnQYAiABKAgSLgoLcmV0cnlfYWZ0ZXIYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iCQoHUmVsZWFzZSI6ChBDb21wbGV0ZVJlc3BvbnNlEiYKBnJlY29yZBgBIAEoCzIWLmlkZW1wb3RlbmN5LnYxLlJlY29yZCKbAQoSRXh0ZW5kTGVhc2VSZXF1ZXN0Eg0KBXNjb3BlGAEgASgJEgsKA2tleRgCIAEoCRITCgtsZWFzZV90b2tlbhgDIAEoCRIsCglleHRlbmRfYnkYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SFwoKY2hlY2twb2ludBgFIAEoDEgAiAEBQg0KC19jaGVja3BvaW50IjsKE0V4dGVuZExlYXNlUmVzcG9uc2USJAoFbGVhc2UYASABKAsyFS5pZGVtcG90ZW5jeS52MS5MZWFzZSIoCgpHZXRSZXF1ZXN0Eg0KBXNjb3BlGAEgASgJEgsKA2tleRgCIAEoCSI1CgtHZXRSZXNwb25zZRImCgZyZWNvcmQYASABKAsyFi5pZGVtcG90ZW5jeS52MS5SZWNvcmQiVgoMV2F0Y2hSZXF1ZXN0Eg0KBXNjb3BlGAEgASgJEgsKA2tleRgCIAEoCRIqCgd0aW1lb3V0GAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIkcKCldhdGNoRXZlbnQSJgoGcmVjb3JkGAEgASgLMhYuaWRlbXBvdGVuY3kudjEuUmVjb3JkEhEKCXRpbWVkX291dBgCIAEoCCIgCg9XYXRjaER1ZVJlcXVlc3QSDQoFc2NvcGUYASABKAkiXgoJRHVlUmVjb3JkEiYKBnJlY29yZBgBIAEoCzIWLmlkZW1wb3RlbmN5LnYxLlJlY29yZBIpCgZyZWFzb24YAiABKA4yGS5pZGVtcG90ZW5jeS52MS5EdWVSZWFzb24iLgoMU3dlZXBSZXF1ZXN0Eg8KB2RyeV9ydW4YASABKAgSDQoFbGltaXQYAiABKA0iVwoNU3dlZXBSZXNwb25zZRIXCg9leHBpcmVkX2RlbGV0ZWQYASABKAQSGAoQbGVhc2VzX3JlY2xhaW1lZBgCIAEoBBITCgtyZXRyaWVzX2R1ZRgDIAEoBCKhBQoGUmVjb3JkEg0KBXNjb3BlGAEgASgJEgsKA2tleRgCIAEoCRImCgZzdGF0dXMYAyABKA4yFi5pZGVtcG90ZW5jeS52MS5TdGF0dXMSEwoLZmluZ2VycHJpbnQYBCABKAkSFQoNYXR0ZW1wdF9jb3VudBgFIAEoDRIUCgxtYXhfYXR0ZW1wdHMYBiABKA0SNAoQbGVhc2VfZXhwaXJlc19hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMQoNbmV4dF9yZXRyeV9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKbGFzdF9lcnJvchgJIAEoCRIxCg1sYXN0X2Vycm9yX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBInCgZyZXN1bHQYCyABKAsyFy5pZGVtcG90ZW5jeS52MS5TdWNjZXNzEhIKCmNoZWNrcG9pbnQYDCABKAwSFQoNZmVuY2luZ190b2tlbhgNIAEoBBIuCgpjcmVhdGVkX2F0GA4gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgp1cGRhdGVkX2F0GA8gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIwCgxjb21wbGV0ZWRfYXQYECABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCmV4cGlyZXNfYXQYESABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjEKDGFkbWluX2FjdGlvbhgSIAEoCzIbLmlkZW1wb3RlbmN5LnYxLkFkbWluQWN0aW9uEhgKEGxlYXNlX3JlcXVlc3RfaWQYEyABKAkiZAoLQWRtaW5BY3Rpb24SDgoGYWN0aW9uGAEgASgJEg0KBWFjdG9yGAIgASgJEg4KBnJlYXNvbhgDIAEoCRImCgJhdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiSwoLQWRtaW5UYXJnZXQSDQoFc2NvcGUYASABKAkSCwoDa2V5GAIgASgJEg4KBnJlYXNvbhgDIAEoCRIQCghvcGVyYXRvchgEIAEoCSJCChNSZWxlYXNlTGVhc2VSZXF1ZXN0EisKBnRhcmdldBgBIAEoCzIbLmlkZW1wb3RlbmN5LnYxLkFkbWluVGFyZ2V0Ij4KFFJlbGVhc2VMZWFzZVJlc3BvbnNlEiYKBnJlY29yZBgBIAEoCzIWLmlkZW1wb3RlbmN5LnYxLlJlY29yZCI+Cg9SZXRyeU5vd1JlcXVlc3QSKwoGdGFyZ2V0GAEgASgLMhsuaWRlbXBvdGVuY3kudjEuQWRtaW5UYXJnZXQiOgoQUmV0cnlOb3dSZXNwb25zZRImCgZyZWNvcmQYASABKAsyFi5pZGVtcG90ZW5jeS52MS5SZWNvcmQiRQoWRmFpbFBlcm1hbmVudGx5UmVxdWVzdBIrCgZ0YXJnZXQYASABKAsyGy5pZGVtcG90ZW5jeS52MS5BZG1pblRhcmdldCJBChdGYWlsUGVybWFuZW50bHlSZXNwb25zZRImCgZyZWNvcmQYASABKAsyFi5pZGVtcG90ZW5jeS52MS5SZWNvcmQiQgoTRGVsZXRlUmVjb3JkUmVxdWVzdBIrCgZ0YXJnZXQYASABKAsyGy5pZGVtcG90ZW5jeS52MS5BZG1pblRhcmdldCI+ChREZWxldGVSZWNvcmRSZXNwb25zZRImCgZyZWNvcmQYASABKAsyFi5pZGVtcG90ZW5jeS52MS5SZWNvcmQihgEKEkxpc3RSZWNvcmRzUmVxdWVzdBINCgVzY29wZRgBIAEoCRISCgprZXlfcHJlZml4GAIgASgJEhIKCnBhZ2VfdG9rZW4YAyABKAkSEQoJcGFnZV9zaXplGAQgASgNEiYKBnN0YXR1cxgFIAEoDjIWLmlkZW1wb3RlbmN5LnYxLlN0YXR1cyKKAgoNUmVjb3JkU3VtbWFyeRILCgNrZXkYASABKAkSJgoGc3RhdHVzGAIgASgOMhYuaWRlbXBvdGVuY3kudjEuU3RhdHVzEhUKDWF0dGVtcHRfY291bnQYAyABKA0SFAoMbWF4X2F0dGVtcHRzGAQgASgNEjQKEGxlYXNlX2V4cGlyZXNfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjEKDW5leHRfcmV0cnlfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCnVwZGF0ZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIl4KE0xpc3RSZWNvcmRzUmVzcG9uc2USLgoHcmVjb3JkcxgBIAMoCzIdLmlkZW1wb3RlbmN5LnYxLlJlY29yZFN1bW1hcnkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIhIKEFN1bW1hcml6ZVJlcXVlc3QisQEKDFNjb3BlU3VtbWFyeRINCgVzY29wZRgBIAEoCRISCgpwcm9jZXNzaW5nGAIgASgEEhYKDmxlYXNlc19leHBpcmVkGAMgASgEEg4KBmZhaWxlZBgEIAEoBBITCgtyZXRyaWVzX2R1ZRgFIAEoBBIYChBmYWlsZWRfcGVybWFuZW50GAYgASgEEg8KB3JlY29yZHMYByABKAQSFgoOcmVjb3Jkc19jYXBwZWQYCCABKAgiYgoRU3VtbWFyaXplUmVzcG9uc2USLAoGc2NvcGVzGAEgAygLMhwuaWRlbXBvdGVuY3kudjEuU2NvcGVTdW1tYXJ5Eh8KF2VzdGltYXRlZF90YWJsZV9yZWNvcmRzGAIgASgEKrgBCghEZWNpc2lvbhIYChRERUNJU0lPTl9VTlNQRUNJRklFRBAAEhQKEERFQ0lTSU9OX1BST0NFRUQQARIZChVERUNJU0lPTl9BTFJFQURZX0RPTkUQAhIYChRERUNJU0lPTl9JTl9QUk9HUkVTUxADEhgKFERFQ0lTSU9OX1JFVFJZX0xBVEVSEAQSFQoRREVDSVNJT05fQ09ORkxJQ1QQBRIWChJERUNJU0lPTl9FWEhBVVNURUQQBipfCglEdWVSZWFzb24SGgoWRFVFX1JFQVNPTl9VTlNQRUNJRklFRBAAEhgKFERVRV9SRUFTT05fUkVUUllfRFVFEAESHAoYRFVFX1JFQVNPTl9MRUFTRV9FWFBJUkVEEAIqfQoGU3RhdHVzEhYKElNUQVRVU19VTlNQRUNJRklFRBAAEhUKEVNUQVRVU19QUk9DRVNTSU5HEAESFAoQU1RBVFVTX1NVQ0NFRURFRBACEhEKDVNUQVRVU19GQUlMRUQQAxIbChdTVEFUVVNfRkFJTEVEX1BFUk1BTkVOVBAEMqgICgtDb29yZGluYXRvchJKCgdBY3F1aXJlEh4uaWRlbXBvdGVuY3kudjEuQWNxdWlyZVJlcXVlc3QaHy5pZGVtcG90ZW5jeS52MS5BY3F1aXJlUmVzcG9uc2USTQoIQ29tcGxldGUSHy5pZGVtcG90ZW5jeS52MS5Db21wbGV0ZVJlcXVlc3QaIC5pZGVtcG90ZW5jeS52MS5Db21wbGV0ZVJlc3BvbnNlElYKC0V4dGVuZExlYXNlEiIuaWRlbXBvdGVuY3kudjEuRXh0ZW5kTGVhc2VSZXF1ZXN0GiMuaWRlbXBvdGVuY3kudjEuRXh0ZW5kTGVhc2VSZXNwb25zZRI+CgNHZXQSGi5pZGVtcG90ZW5jeS52MS5HZXRSZXF1ZXN0GhsuaWRlbXBvdGVuY3kudjEuR2V0UmVzcG9uc2USQwoFV2F0Y2gSHC5pZGVtcG90ZW5jeS52MS5XYXRjaFJlcXVlc3QaGi5pZGVtcG90ZW5jeS52MS5XYXRjaEV2ZW50MAESSAoIV2F0Y2hEdWUSHy5pZGVtcG90ZW5jeS52MS5XYXRjaER1ZVJlcXVlc3QaGS5pZGVtcG90ZW5jeS52MS5EdWVSZWNvcmQwARJECgVTd2VlcBIcLmlkZW1wb3RlbmN5LnYxLlN3ZWVwUmVxdWVzdBodLmlkZW1wb3RlbmN5LnYxLlN3ZWVwUmVzcG9uc2USWQoMUmVsZWFzZUxlYXNlEiMuaWRlbXBvdGVuY3kudjEuUmVsZWFzZUxlYXNlUmVxdWVzdBokLmlkZW1wb3RlbmN5LnYxLlJlbGVhc2VMZWFzZVJlc3BvbnNlEk0KCFJldHJ5Tm93Eh8uaWRlbXBvdGVuY3kudjEuUmV0cnlOb3dSZXF1ZXN0GiAuaWRlbXBvdGVuY3kudjEuUmV0cnlOb3dSZXNwb25zZRJiCg9GYWlsUGVybWFuZW50bHkSJi5pZGVtcG90ZW5jeS52MS5GYWlsUGVybWFuZW50bHlSZXF1ZXN0GicuaWRlbXBvdGVuY3kudjEuRmFpbFBlcm1hbmVudGx5UmVzcG9uc2USWQoMRGVsZXRlUmVjb3JkEiMuaWRlbXBvdGVuY3kudjEuRGVsZXRlUmVjb3JkUmVxdWVzdBokLmlkZW1wb3RlbmN5LnYxLkRlbGV0ZVJlY29yZFJlc3BvbnNlElYKC0xpc3RSZWNvcmRzEiIuaWRlbXBvdGVuY3kudjEuTGlzdFJlY29yZHNSZXF1ZXN0GiMuaWRlbXBvdGVuY3kudjEuTGlzdFJlY29yZHNSZXNwb25zZRJQCglTdW1tYXJpemUSIC5pZGVtcG90ZW5jeS52MS5TdW1tYXJpemVSZXF1ZXN0GiEuaWRlbXBvdGVuY3kudjEuU3VtbWFyaXplUmVzcG9uc2VClQEKDmlkZW1wb3RlbmN5LnYxQhBDb29yZGluYXRvclByb3RvUAFaO2lkZW1wb3RlbmN5LWNvb3JkaW5hdG9yL2dlbi9nby9pZGVtcG90ZW5jeS92MTtpZGVtcG90ZW5jeXYxqgIOSWRlbXBvdGVuY3kuVjHKAg5JZGVtcG90ZW5jeVxWMeoCD0lkZW1wb3RlbmN5OjpWMWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * @generated from message idempotency.v1.AcquireRequest
@@ -857,6 +861,21 @@ export type Record = Message<"idempotency.v1.Record"> & {
    * @generated from field: google.protobuf.Timestamp expires_at = 17;
    */
   expiresAt?: Timestamp | undefined;
+
+  /**
+   * The last administrator's action on the record; unset when none.
+   *
+   * @generated from field: idempotency.v1.AdminAction admin_action = 18;
+   */
+  adminAction?: AdminAction | undefined;
+
+  /**
+   * The request_id the latest lease was granted to (AcquireRequest's);
+   * empty when none.
+   *
+   * @generated from field: string lease_request_id = 19;
+   */
+  leaseRequestId: string;
 };
 
 /**
@@ -865,6 +884,466 @@ export type Record = Message<"idempotency.v1.Record"> & {
  */
 export const RecordSchema: GenMessage<Record> = /*@__PURE__*/
   messageDesc(file_idempotency_v1_coordinator, 18);
+
+/**
+ * An administrator's action, as recorded on the record.
+ *
+ * @generated from message idempotency.v1.AdminAction
+ */
+export type AdminAction = Message<"idempotency.v1.AdminAction"> & {
+  /**
+   * RELEASE_LEASE, RETRY_NOW or FAIL_PERMANENTLY.
+   *
+   * @generated from field: string action = 1;
+   */
+  action: string;
+
+  /**
+   * Who: "credential sha256:<first 12 hex digits of the token's digest>"
+   * (or "authentication off"), then the operator's name if one was given.
+   *
+   * @generated from field: string actor = 2;
+   */
+  actor: string;
+
+  /**
+   * Why, as the administrator wrote it.
+   *
+   * @generated from field: string reason = 3;
+   */
+  reason: string;
+
+  /**
+   * When (database clock).
+   *
+   * @generated from field: google.protobuf.Timestamp at = 4;
+   */
+  at?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message idempotency.v1.AdminAction.
+ * Use `create(AdminActionSchema)` to create a new message.
+ */
+export const AdminActionSchema: GenMessage<AdminAction> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_coordinator, 19);
+
+/**
+ * Which record an administrator acts on, and why.
+ *
+ * @generated from message idempotency.v1.AdminTarget
+ */
+export type AdminTarget = Message<"idempotency.v1.AdminTarget"> & {
+  /**
+   * As in AcquireRequest.
+   *
+   * @generated from field: string scope = 1;
+   */
+  scope: string;
+
+  /**
+   * As in AcquireRequest.
+   *
+   * @generated from field: string key = 2;
+   */
+  key: string;
+
+  /**
+   * Why; recorded on the record. At most 1000 characters; required by
+   * FailPermanently (it becomes the last error).
+   *
+   * @generated from field: string reason = 3;
+   */
+  reason: string;
+
+  /**
+   * The operator's own name, recorded beside the credential; at most 128
+   * characters. Optional.
+   *
+   * @generated from field: string operator = 4;
+   */
+  operator: string;
+};
+
+/**
+ * Describes the message idempotency.v1.AdminTarget.
+ * Use `create(AdminTargetSchema)` to create a new message.
+ */
+export const AdminTargetSchema: GenMessage<AdminTarget> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_coordinator, 20);
+
+/**
+ * @generated from message idempotency.v1.ReleaseLeaseRequest
+ */
+export type ReleaseLeaseRequest = Message<"idempotency.v1.ReleaseLeaseRequest"> & {
+  /**
+   * @generated from field: idempotency.v1.AdminTarget target = 1;
+   */
+  target?: AdminTarget | undefined;
+};
+
+/**
+ * Describes the message idempotency.v1.ReleaseLeaseRequest.
+ * Use `create(ReleaseLeaseRequestSchema)` to create a new message.
+ */
+export const ReleaseLeaseRequestSchema: GenMessage<ReleaseLeaseRequest> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_coordinator, 21);
+
+/**
+ * @generated from message idempotency.v1.ReleaseLeaseResponse
+ */
+export type ReleaseLeaseResponse = Message<"idempotency.v1.ReleaseLeaseResponse"> & {
+  /**
+   * The record as it stands after the call.
+   *
+   * @generated from field: idempotency.v1.Record record = 1;
+   */
+  record?: Record | undefined;
+};
+
+/**
+ * Describes the message idempotency.v1.ReleaseLeaseResponse.
+ * Use `create(ReleaseLeaseResponseSchema)` to create a new message.
+ */
+export const ReleaseLeaseResponseSchema: GenMessage<ReleaseLeaseResponse> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_coordinator, 22);
+
+/**
+ * @generated from message idempotency.v1.RetryNowRequest
+ */
+export type RetryNowRequest = Message<"idempotency.v1.RetryNowRequest"> & {
+  /**
+   * @generated from field: idempotency.v1.AdminTarget target = 1;
+   */
+  target?: AdminTarget | undefined;
+};
+
+/**
+ * Describes the message idempotency.v1.RetryNowRequest.
+ * Use `create(RetryNowRequestSchema)` to create a new message.
+ */
+export const RetryNowRequestSchema: GenMessage<RetryNowRequest> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_coordinator, 23);
+
+/**
+ * @generated from message idempotency.v1.RetryNowResponse
+ */
+export type RetryNowResponse = Message<"idempotency.v1.RetryNowResponse"> & {
+  /**
+   * The record as it stands after the call.
+   *
+   * @generated from field: idempotency.v1.Record record = 1;
+   */
+  record?: Record | undefined;
+};
+
+/**
+ * Describes the message idempotency.v1.RetryNowResponse.
+ * Use `create(RetryNowResponseSchema)` to create a new message.
+ */
+export const RetryNowResponseSchema: GenMessage<RetryNowResponse> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_coordinator, 24);
+
+/**
+ * @generated from message idempotency.v1.FailPermanentlyRequest
+ */
+export type FailPermanentlyRequest = Message<"idempotency.v1.FailPermanentlyRequest"> & {
+  /**
+   * @generated from field: idempotency.v1.AdminTarget target = 1;
+   */
+  target?: AdminTarget | undefined;
+};
+
+/**
+ * Describes the message idempotency.v1.FailPermanentlyRequest.
+ * Use `create(FailPermanentlyRequestSchema)` to create a new message.
+ */
+export const FailPermanentlyRequestSchema: GenMessage<FailPermanentlyRequest> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_coordinator, 25);
+
+/**
+ * @generated from message idempotency.v1.FailPermanentlyResponse
+ */
+export type FailPermanentlyResponse = Message<"idempotency.v1.FailPermanentlyResponse"> & {
+  /**
+   * The record as it stands after the call.
+   *
+   * @generated from field: idempotency.v1.Record record = 1;
+   */
+  record?: Record | undefined;
+};
+
+/**
+ * Describes the message idempotency.v1.FailPermanentlyResponse.
+ * Use `create(FailPermanentlyResponseSchema)` to create a new message.
+ */
+export const FailPermanentlyResponseSchema: GenMessage<FailPermanentlyResponse> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_coordinator, 26);
+
+/**
+ * @generated from message idempotency.v1.DeleteRecordRequest
+ */
+export type DeleteRecordRequest = Message<"idempotency.v1.DeleteRecordRequest"> & {
+  /**
+   * @generated from field: idempotency.v1.AdminTarget target = 1;
+   */
+  target?: AdminTarget | undefined;
+};
+
+/**
+ * Describes the message idempotency.v1.DeleteRecordRequest.
+ * Use `create(DeleteRecordRequestSchema)` to create a new message.
+ */
+export const DeleteRecordRequestSchema: GenMessage<DeleteRecordRequest> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_coordinator, 27);
+
+/**
+ * @generated from message idempotency.v1.DeleteRecordResponse
+ */
+export type DeleteRecordResponse = Message<"idempotency.v1.DeleteRecordResponse"> & {
+  /**
+   * The record as it was when deleted.
+   *
+   * @generated from field: idempotency.v1.Record record = 1;
+   */
+  record?: Record | undefined;
+};
+
+/**
+ * Describes the message idempotency.v1.DeleteRecordResponse.
+ * Use `create(DeleteRecordResponseSchema)` to create a new message.
+ */
+export const DeleteRecordResponseSchema: GenMessage<DeleteRecordResponse> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_coordinator, 28);
+
+/**
+ * @generated from message idempotency.v1.ListRecordsRequest
+ */
+export type ListRecordsRequest = Message<"idempotency.v1.ListRecordsRequest"> & {
+  /**
+   * As in AcquireRequest.
+   *
+   * @generated from field: string scope = 1;
+   */
+  scope: string;
+
+  /**
+   * Only keys that begin with this; empty: every key. At most 255
+   * characters.
+   *
+   * @generated from field: string key_prefix = 2;
+   */
+  keyPrefix: string;
+
+  /**
+   * The next page: the previous response's next_page_token; empty: the
+   * first page.
+   *
+   * @generated from field: string page_token = 3;
+   */
+  pageToken: string;
+
+  /**
+   * At most this many records; zero: 50. At most 500.
+   *
+   * @generated from field: uint32 page_size = 4;
+   */
+  pageSize: number;
+
+  /**
+   * Only records of this status; unspecified: any.
+   *
+   * @generated from field: idempotency.v1.Status status = 5;
+   */
+  status: Status;
+};
+
+/**
+ * Describes the message idempotency.v1.ListRecordsRequest.
+ * Use `create(ListRecordsRequestSchema)` to create a new message.
+ */
+export const ListRecordsRequestSchema: GenMessage<ListRecordsRequest> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_coordinator, 29);
+
+/**
+ * A record as a list shows it; Get has the rest.
+ *
+ * @generated from message idempotency.v1.RecordSummary
+ */
+export type RecordSummary = Message<"idempotency.v1.RecordSummary"> & {
+  /**
+   * @generated from field: string key = 1;
+   */
+  key: string;
+
+  /**
+   * @generated from field: idempotency.v1.Status status = 2;
+   */
+  status: Status;
+
+  /**
+   * @generated from field: uint32 attempt_count = 3;
+   */
+  attemptCount: number;
+
+  /**
+   * @generated from field: uint32 max_attempts = 4;
+   */
+  maxAttempts: number;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp lease_expires_at = 5;
+   */
+  leaseExpiresAt?: Timestamp | undefined;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp next_retry_at = 6;
+   */
+  nextRetryAt?: Timestamp | undefined;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp updated_at = 7;
+   */
+  updatedAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message idempotency.v1.RecordSummary.
+ * Use `create(RecordSummarySchema)` to create a new message.
+ */
+export const RecordSummarySchema: GenMessage<RecordSummary> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_coordinator, 30);
+
+/**
+ * @generated from message idempotency.v1.ListRecordsResponse
+ */
+export type ListRecordsResponse = Message<"idempotency.v1.ListRecordsResponse"> & {
+  /**
+   * @generated from field: repeated idempotency.v1.RecordSummary records = 1;
+   */
+  records: RecordSummary[];
+
+  /**
+   * Pass as page_token for the next page; empty on the last.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message idempotency.v1.ListRecordsResponse.
+ * Use `create(ListRecordsResponseSchema)` to create a new message.
+ */
+export const ListRecordsResponseSchema: GenMessage<ListRecordsResponse> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_coordinator, 31);
+
+/**
+ * @generated from message idempotency.v1.SummarizeRequest
+ */
+export type SummarizeRequest = Message<"idempotency.v1.SummarizeRequest"> & {
+};
+
+/**
+ * Describes the message idempotency.v1.SummarizeRequest.
+ * Use `create(SummarizeRequestSchema)` to create a new message.
+ */
+export const SummarizeRequestSchema: GenMessage<SummarizeRequest> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_coordinator, 32);
+
+/**
+ * One scope's counts. PROCESSING, FAILED and FAILED_PERMANENT records are
+ * counted exactly from partial indexes (a healthy system has few); all
+ * records up to a cap from the primary key, so that a scope of millions is
+ * never read whole: above the cap, `records` is the cap and
+ * `records_capped` is set. Records past their expiry that the sweeper has
+ * not deleted yet are counted.
+ *
+ * @generated from message idempotency.v1.ScopeSummary
+ */
+export type ScopeSummary = Message<"idempotency.v1.ScopeSummary"> & {
+  /**
+   * @generated from field: string scope = 1;
+   */
+  scope: string;
+
+  /**
+   * @generated from field: uint64 processing = 2;
+   */
+  processing: bigint;
+
+  /**
+   * PROCESSING records whose lease has run out (their holder probably died).
+   *
+   * @generated from field: uint64 leases_expired = 3;
+   */
+  leasesExpired: bigint;
+
+  /**
+   * @generated from field: uint64 failed = 4;
+   */
+  failed: bigint;
+
+  /**
+   * FAILED records whose retry is due.
+   *
+   * @generated from field: uint64 retries_due = 5;
+   */
+  retriesDue: bigint;
+
+  /**
+   * @generated from field: uint64 failed_permanent = 6;
+   */
+  failedPermanent: bigint;
+
+  /**
+   * All records of the scope, up to the cap.
+   *
+   * @generated from field: uint64 records = 7;
+   */
+  records: bigint;
+
+  /**
+   * More records than `records`.
+   *
+   * @generated from field: bool records_capped = 8;
+   */
+  recordsCapped: boolean;
+};
+
+/**
+ * Describes the message idempotency.v1.ScopeSummary.
+ * Use `create(ScopeSummarySchema)` to create a new message.
+ */
+export const ScopeSummarySchema: GenMessage<ScopeSummary> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_coordinator, 33);
+
+/**
+ * @generated from message idempotency.v1.SummarizeResponse
+ */
+export type SummarizeResponse = Message<"idempotency.v1.SummarizeResponse"> & {
+  /**
+   * The caller's tenant's scopes, in order.
+   *
+   * @generated from field: repeated idempotency.v1.ScopeSummary scopes = 1;
+   */
+  scopes: ScopeSummary[];
+
+  /**
+   * The whole table's size (every tenant's), as the database's planner
+   * estimates it: no record is read for it.
+   *
+   * @generated from field: uint64 estimated_table_records = 2;
+   */
+  estimatedTableRecords: bigint;
+};
+
+/**
+ * Describes the message idempotency.v1.SummarizeResponse.
+ * Use `create(SummarizeResponseSchema)` to create a new message.
+ */
+export const SummarizeResponseSchema: GenMessage<SummarizeResponse> = /*@__PURE__*/
+  messageDesc(file_idempotency_v1_coordinator, 34);
 
 /**
  * What the caller must do.
@@ -1096,6 +1575,75 @@ export const Coordinator: GenService<{
     methodKind: "unary";
     input: typeof SweepRequestSchema;
     output: typeof SweepResponseSchema;
+  },
+  /**
+   * Takes the lease from its holder: the record (PROCESSING) becomes FAILED,
+   * due now, or FAILED_PERMANENT when no attempts are left (the attempt
+   * counts, as when the sweeper reclaims a lease that ran out). The holder's
+   * next Complete or ExtendLease is ABORTED with reason LEASE_LOST.
+   *
+   * @generated from rpc idempotency.v1.Coordinator.ReleaseLease
+   */
+  releaseLease: {
+    methodKind: "unary";
+    input: typeof ReleaseLeaseRequestSchema;
+    output: typeof ReleaseLeaseResponseSchema;
+  },
+  /**
+   * Makes a FAILED record's retry due now, and offers it on the recovery
+   * feed at once.
+   *
+   * @generated from rpc idempotency.v1.Coordinator.RetryNow
+   */
+  retryNow: {
+    methodKind: "unary";
+    input: typeof RetryNowRequestSchema;
+    output: typeof RetryNowResponseSchema;
+  },
+  /**
+   * Makes a PROCESSING or FAILED record FAILED_PERMANENT, with the reason
+   * as its last error; a holder loses its lease as with ReleaseLease.
+   *
+   * @generated from rpc idempotency.v1.Coordinator.FailPermanently
+   */
+  failPermanently: {
+    methodKind: "unary";
+    input: typeof FailPermanentlyRequestSchema;
+    output: typeof FailPermanentlyResponseSchema;
+  },
+  /**
+   * Deletes a record, whatever its status; the next Acquire of its key
+   * starts afresh (with a greater fencing token). Logged by the server, as
+   * the record is gone.
+   *
+   * @generated from rpc idempotency.v1.Coordinator.DeleteRecord
+   */
+  deleteRecord: {
+    methodKind: "unary";
+    input: typeof DeleteRecordRequestSchema;
+    output: typeof DeleteRecordResponseSchema;
+  },
+  /**
+   * One page of a scope's live records, in key order, optionally only keys
+   * that begin with a prefix or of one status.
+   *
+   * @generated from rpc idempotency.v1.Coordinator.ListRecords
+   */
+  listRecords: {
+    methodKind: "unary";
+    input: typeof ListRecordsRequestSchema;
+    output: typeof ListRecordsResponseSchema;
+  },
+  /**
+   * Per scope of the caller's tenant: records by status, leases run out,
+   * retries due. Cheap on a table of any size: see ScopeSummary.
+   *
+   * @generated from rpc idempotency.v1.Coordinator.Summarize
+   */
+  summarize: {
+    methodKind: "unary";
+    input: typeof SummarizeRequestSchema;
+    output: typeof SummarizeResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_idempotency_v1_coordinator, 0);

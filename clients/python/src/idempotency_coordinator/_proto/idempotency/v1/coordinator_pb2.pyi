@@ -34,8 +34,10 @@ stable `reason` in domain `idempotency.v1`, bad fields also a
                      token (`authorization: Bearer <token>`), when the
                      server requires them; answered from the headers, so
                      the request message is never read.
-  PERMISSION_DENIED  reason PERMISSION_DENIED: Sweep without an admin
-                     credential.
+  PERMISSION_DENIED  reason PERMISSION_DENIED: Sweep or an admin call
+                     (ReleaseLease, RetryNow, FailPermanently,
+                     DeleteRecord, ListRecords, Summarize) without an
+                     admin credential.
   RESOURCE_EXHAUSTED reason TOO_MANY_WAITERS: no waiting place is free on
                      this server for the caller's tenant; retry after
                      RetryInfo's delay, or call without `wait`.
@@ -59,6 +61,8 @@ stable `reason` in domain `idempotency.v1`, bad fields also a
   FAILED_PRECONDITION reason ALREADY_COMPLETED: Complete with the current
                      token but an outcome other than the one already stored
                      (success after failure, or failure after success).
+  FAILED_PRECONDITION reason WRONG_STATUS: an admin action that the
+                     record's status does not allow; nothing was changed.
   UNAVAILABLE        reason DATABASE_UNAVAILABLE: the database could not
                      be reached, or did not answer within the server's
                      --query-timeout. Retry after RetryInfo's delay. If the
@@ -74,10 +78,12 @@ stable `reason` in domain `idempotency.v1`, bad fields also a
                      idempotent).
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
@@ -842,6 +848,8 @@ class Record(_message.Message):
     UPDATED_AT_FIELD_NUMBER: _builtins.int
     COMPLETED_AT_FIELD_NUMBER: _builtins.int
     EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    ADMIN_ACTION_FIELD_NUMBER: _builtins.int
+    LEASE_REQUEST_ID_FIELD_NUMBER: _builtins.int
     scope: _builtins.str
     key: _builtins.str
     status: Global___Status.ValueType
@@ -857,6 +865,10 @@ class Record(_message.Message):
     """The last checkpoint saved with ExtendLease; empty when none."""
     fencing_token: _builtins.int
     """The fencing token of the latest lease granted (0 before any)."""
+    lease_request_id: _builtins.str
+    """The request_id the latest lease was granted to (AcquireRequest's);
+    empty when none.
+    """
     @_builtins.property
     def lease_expires_at(self) -> _timestamp_pb2.Timestamp:
         """While PROCESSING: when the current lease runs out."""
@@ -883,6 +895,10 @@ class Record(_message.Message):
     def expires_at(self) -> _timestamp_pb2.Timestamp:
         """When the record will be deleted (it is not found from then on)."""
 
+    @_builtins.property
+    def admin_action(self) -> Global___AdminAction:
+        """The last administrator's action on the record; unset when none."""
+
     def __init__(
         self,
         *,
@@ -903,11 +919,458 @@ class Record(_message.Message):
         updated_at: _timestamp_pb2.Timestamp | None = ...,
         completed_at: _timestamp_pb2.Timestamp | None = ...,
         expires_at: _timestamp_pb2.Timestamp | None = ...,
+        admin_action: Global___AdminAction | None = ...,
+        lease_request_id: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["completed_at", b"completed_at", "created_at", b"created_at", "expires_at", b"expires_at", "last_error_at", b"last_error_at", "lease_expires_at", b"lease_expires_at", "next_retry_at", b"next_retry_at", "result", b"result", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["admin_action", b"admin_action", "completed_at", b"completed_at", "created_at", b"created_at", "expires_at", b"expires_at", "last_error_at", b"last_error_at", "lease_expires_at", b"lease_expires_at", "next_retry_at", b"next_retry_at", "result", b"result", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_count", b"attempt_count", "checkpoint", b"checkpoint", "completed_at", b"completed_at", "created_at", b"created_at", "expires_at", b"expires_at", "fencing_token", b"fencing_token", "fingerprint", b"fingerprint", "key", b"key", "last_error", b"last_error", "last_error_at", b"last_error_at", "lease_expires_at", b"lease_expires_at", "max_attempts", b"max_attempts", "next_retry_at", b"next_retry_at", "result", b"result", "scope", b"scope", "status", b"status", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admin_action", b"admin_action", "attempt_count", b"attempt_count", "checkpoint", b"checkpoint", "completed_at", b"completed_at", "created_at", b"created_at", "expires_at", b"expires_at", "fencing_token", b"fencing_token", "fingerprint", b"fingerprint", "key", b"key", "last_error", b"last_error", "last_error_at", b"last_error_at", "lease_expires_at", b"lease_expires_at", "lease_request_id", b"lease_request_id", "max_attempts", b"max_attempts", "next_retry_at", b"next_retry_at", "result", b"result", "scope", b"scope", "status", b"status", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Record: _TypeAlias = Record  # noqa: Y015
+
+@_typing.final
+class AdminAction(_message.Message):
+    """An administrator's action, as recorded on the record."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTION_FIELD_NUMBER: _builtins.int
+    ACTOR_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    action: _builtins.str
+    """RELEASE_LEASE, RETRY_NOW or FAIL_PERMANENTLY."""
+    actor: _builtins.str
+    """Who: "credential sha256:<first 12 hex digits of the token's digest>"
+    (or "authentication off"), then the operator's name if one was given.
+    """
+    reason: _builtins.str
+    """Why, as the administrator wrote it."""
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp:
+        """When (database clock)."""
+
+    def __init__(
+        self,
+        *,
+        action: _builtins.str = ...,
+        actor: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "actor", b"actor", "at", b"at", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdminAction: _TypeAlias = AdminAction  # noqa: Y015
+
+@_typing.final
+class AdminTarget(_message.Message):
+    """Which record an administrator acts on, and why."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCOPE_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    scope: _builtins.str
+    """As in AcquireRequest."""
+    key: _builtins.str
+    """As in AcquireRequest."""
+    reason: _builtins.str
+    """Why; recorded on the record. At most 1000 characters; required by
+    FailPermanently (it becomes the last error).
+    """
+    operator: _builtins.str
+    """The operator's own name, recorded beside the credential; at most 128
+    characters. Optional.
+    """
+    def __init__(
+        self,
+        *,
+        scope: _builtins.str = ...,
+        key: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        operator: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "operator", b"operator", "reason", b"reason", "scope", b"scope"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdminTarget: _TypeAlias = AdminTarget  # noqa: Y015
+
+@_typing.final
+class ReleaseLeaseRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TARGET_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def target(self) -> Global___AdminTarget: ...
+    def __init__(
+        self,
+        *,
+        target: Global___AdminTarget | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseLeaseRequest: _TypeAlias = ReleaseLeaseRequest  # noqa: Y015
+
+@_typing.final
+class ReleaseLeaseResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORD_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def record(self) -> Global___Record:
+        """The record as it stands after the call."""
+
+    def __init__(
+        self,
+        *,
+        record: Global___Record | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["record", b"record"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["record", b"record"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseLeaseResponse: _TypeAlias = ReleaseLeaseResponse  # noqa: Y015
+
+@_typing.final
+class RetryNowRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TARGET_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def target(self) -> Global___AdminTarget: ...
+    def __init__(
+        self,
+        *,
+        target: Global___AdminTarget | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetryNowRequest: _TypeAlias = RetryNowRequest  # noqa: Y015
+
+@_typing.final
+class RetryNowResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORD_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def record(self) -> Global___Record:
+        """The record as it stands after the call."""
+
+    def __init__(
+        self,
+        *,
+        record: Global___Record | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["record", b"record"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["record", b"record"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetryNowResponse: _TypeAlias = RetryNowResponse  # noqa: Y015
+
+@_typing.final
+class FailPermanentlyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TARGET_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def target(self) -> Global___AdminTarget: ...
+    def __init__(
+        self,
+        *,
+        target: Global___AdminTarget | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FailPermanentlyRequest: _TypeAlias = FailPermanentlyRequest  # noqa: Y015
+
+@_typing.final
+class FailPermanentlyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORD_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def record(self) -> Global___Record:
+        """The record as it stands after the call."""
+
+    def __init__(
+        self,
+        *,
+        record: Global___Record | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["record", b"record"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["record", b"record"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FailPermanentlyResponse: _TypeAlias = FailPermanentlyResponse  # noqa: Y015
+
+@_typing.final
+class DeleteRecordRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TARGET_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def target(self) -> Global___AdminTarget: ...
+    def __init__(
+        self,
+        *,
+        target: Global___AdminTarget | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteRecordRequest: _TypeAlias = DeleteRecordRequest  # noqa: Y015
+
+@_typing.final
+class DeleteRecordResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORD_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def record(self) -> Global___Record:
+        """The record as it was when deleted."""
+
+    def __init__(
+        self,
+        *,
+        record: Global___Record | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["record", b"record"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["record", b"record"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteRecordResponse: _TypeAlias = DeleteRecordResponse  # noqa: Y015
+
+@_typing.final
+class ListRecordsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCOPE_FIELD_NUMBER: _builtins.int
+    KEY_PREFIX_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    scope: _builtins.str
+    """As in AcquireRequest."""
+    key_prefix: _builtins.str
+    """Only keys that begin with this; empty: every key. At most 255
+    characters.
+    """
+    page_token: _builtins.str
+    """The next page: the previous response's next_page_token; empty: the
+    first page.
+    """
+    page_size: _builtins.int
+    """At most this many records; zero: 50. At most 500."""
+    status: Global___Status.ValueType
+    """Only records of this status; unspecified: any."""
+    def __init__(
+        self,
+        *,
+        scope: _builtins.str = ...,
+        key_prefix: _builtins.str = ...,
+        page_token: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        status: Global___Status.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key_prefix", b"key_prefix", "page_size", b"page_size", "page_token", b"page_token", "scope", b"scope", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRecordsRequest: _TypeAlias = ListRecordsRequest  # noqa: Y015
+
+@_typing.final
+class RecordSummary(_message.Message):
+    """A record as a list shows it; Get has the rest."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    ATTEMPT_COUNT_FIELD_NUMBER: _builtins.int
+    MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    LEASE_EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    NEXT_RETRY_AT_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    status: Global___Status.ValueType
+    attempt_count: _builtins.int
+    max_attempts: _builtins.int
+    @_builtins.property
+    def lease_expires_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def next_retry_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        key: _builtins.str = ...,
+        status: Global___Status.ValueType = ...,
+        attempt_count: _builtins.int = ...,
+        max_attempts: _builtins.int = ...,
+        lease_expires_at: _timestamp_pb2.Timestamp | None = ...,
+        next_retry_at: _timestamp_pb2.Timestamp | None = ...,
+        updated_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease_expires_at", b"lease_expires_at", "next_retry_at", b"next_retry_at", "updated_at", b"updated_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_count", b"attempt_count", "key", b"key", "lease_expires_at", b"lease_expires_at", "max_attempts", b"max_attempts", "next_retry_at", b"next_retry_at", "status", b"status", "updated_at", b"updated_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordSummary: _TypeAlias = RecordSummary  # noqa: Y015
+
+@_typing.final
+class ListRecordsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORDS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Pass as page_token for the next page; empty on the last."""
+    @_builtins.property
+    def records(self) -> _containers.RepeatedCompositeFieldContainer[Global___RecordSummary]: ...
+    def __init__(
+        self,
+        *,
+        records: _abc.Iterable[Global___RecordSummary] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "records", b"records"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRecordsResponse: _TypeAlias = ListRecordsResponse  # noqa: Y015
+
+@_typing.final
+class SummarizeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SummarizeRequest: _TypeAlias = SummarizeRequest  # noqa: Y015
+
+@_typing.final
+class ScopeSummary(_message.Message):
+    """One scope's counts. PROCESSING, FAILED and FAILED_PERMANENT records are
+    counted exactly from partial indexes (a healthy system has few); all
+    records up to a cap from the primary key, so that a scope of millions is
+    never read whole: above the cap, `records` is the cap and
+    `records_capped` is set. Records past their expiry that the sweeper has
+    not deleted yet are counted.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCOPE_FIELD_NUMBER: _builtins.int
+    PROCESSING_FIELD_NUMBER: _builtins.int
+    LEASES_EXPIRED_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    RETRIES_DUE_FIELD_NUMBER: _builtins.int
+    FAILED_PERMANENT_FIELD_NUMBER: _builtins.int
+    RECORDS_FIELD_NUMBER: _builtins.int
+    RECORDS_CAPPED_FIELD_NUMBER: _builtins.int
+    scope: _builtins.str
+    processing: _builtins.int
+    leases_expired: _builtins.int
+    """PROCESSING records whose lease has run out (their holder probably died)."""
+    failed: _builtins.int
+    retries_due: _builtins.int
+    """FAILED records whose retry is due."""
+    failed_permanent: _builtins.int
+    records: _builtins.int
+    """All records of the scope, up to the cap."""
+    records_capped: _builtins.bool
+    """More records than `records`."""
+    def __init__(
+        self,
+        *,
+        scope: _builtins.str = ...,
+        processing: _builtins.int = ...,
+        leases_expired: _builtins.int = ...,
+        failed: _builtins.int = ...,
+        retries_due: _builtins.int = ...,
+        failed_permanent: _builtins.int = ...,
+        records: _builtins.int = ...,
+        records_capped: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failed", b"failed", "failed_permanent", b"failed_permanent", "leases_expired", b"leases_expired", "processing", b"processing", "records", b"records", "records_capped", b"records_capped", "retries_due", b"retries_due", "scope", b"scope"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScopeSummary: _TypeAlias = ScopeSummary  # noqa: Y015
+
+@_typing.final
+class SummarizeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCOPES_FIELD_NUMBER: _builtins.int
+    ESTIMATED_TABLE_RECORDS_FIELD_NUMBER: _builtins.int
+    estimated_table_records: _builtins.int
+    """The whole table's size (every tenant's), as the database's planner
+    estimates it: no record is read for it.
+    """
+    @_builtins.property
+    def scopes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ScopeSummary]:
+        """The caller's tenant's scopes, in order."""
+
+    def __init__(
+        self,
+        *,
+        scopes: _abc.Iterable[Global___ScopeSummary] | None = ...,
+        estimated_table_records: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["estimated_table_records", b"estimated_table_records", "scopes", b"scopes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SummarizeResponse: _TypeAlias = SummarizeResponse  # noqa: Y015

@@ -69,6 +69,36 @@ class CoordinatorStub:
                 request_serializer=idempotency_dot_v1_dot_coordinator__pb2.SweepRequest.SerializeToString,
                 response_deserializer=idempotency_dot_v1_dot_coordinator__pb2.SweepResponse.FromString,
                 _registered_method=True)
+        self.ReleaseLease = channel.unary_unary(
+                '/idempotency.v1.Coordinator/ReleaseLease',
+                request_serializer=idempotency_dot_v1_dot_coordinator__pb2.ReleaseLeaseRequest.SerializeToString,
+                response_deserializer=idempotency_dot_v1_dot_coordinator__pb2.ReleaseLeaseResponse.FromString,
+                _registered_method=True)
+        self.RetryNow = channel.unary_unary(
+                '/idempotency.v1.Coordinator/RetryNow',
+                request_serializer=idempotency_dot_v1_dot_coordinator__pb2.RetryNowRequest.SerializeToString,
+                response_deserializer=idempotency_dot_v1_dot_coordinator__pb2.RetryNowResponse.FromString,
+                _registered_method=True)
+        self.FailPermanently = channel.unary_unary(
+                '/idempotency.v1.Coordinator/FailPermanently',
+                request_serializer=idempotency_dot_v1_dot_coordinator__pb2.FailPermanentlyRequest.SerializeToString,
+                response_deserializer=idempotency_dot_v1_dot_coordinator__pb2.FailPermanentlyResponse.FromString,
+                _registered_method=True)
+        self.DeleteRecord = channel.unary_unary(
+                '/idempotency.v1.Coordinator/DeleteRecord',
+                request_serializer=idempotency_dot_v1_dot_coordinator__pb2.DeleteRecordRequest.SerializeToString,
+                response_deserializer=idempotency_dot_v1_dot_coordinator__pb2.DeleteRecordResponse.FromString,
+                _registered_method=True)
+        self.ListRecords = channel.unary_unary(
+                '/idempotency.v1.Coordinator/ListRecords',
+                request_serializer=idempotency_dot_v1_dot_coordinator__pb2.ListRecordsRequest.SerializeToString,
+                response_deserializer=idempotency_dot_v1_dot_coordinator__pb2.ListRecordsResponse.FromString,
+                _registered_method=True)
+        self.Summarize = channel.unary_unary(
+                '/idempotency.v1.Coordinator/Summarize',
+                request_serializer=idempotency_dot_v1_dot_coordinator__pb2.SummarizeRequest.SerializeToString,
+                response_deserializer=idempotency_dot_v1_dot_coordinator__pb2.SummarizeResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -140,6 +170,64 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReleaseLease(self, request, context):
+        """Administration: each needs an admin credential and acts on the
+        caller's own tenant's records only; PERMISSION_DENIED otherwise. The
+        three actions on a record are recorded on it (Record.admin_action: who,
+        when, why) and in the server's log; they answer FAILED_PRECONDITION with
+        reason WRONG_STATUS, the record unchanged, when its status does not allow
+        them, and NOT_FOUND when there is no live record.
+
+        Takes the lease from its holder: the record (PROCESSING) becomes FAILED,
+        due now, or FAILED_PERMANENT when no attempts are left (the attempt
+        counts, as when the sweeper reclaims a lease that ran out). The holder's
+        next Complete or ExtendLease is ABORTED with reason LEASE_LOST.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RetryNow(self, request, context):
+        """Makes a FAILED record's retry due now, and offers it on the recovery
+        feed at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FailPermanently(self, request, context):
+        """Makes a PROCESSING or FAILED record FAILED_PERMANENT, with the reason
+        as its last error; a holder loses its lease as with ReleaseLease.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteRecord(self, request, context):
+        """Deletes a record, whatever its status; the next Acquire of its key
+        starts afresh (with a greater fencing token). Logged by the server, as
+        the record is gone.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRecords(self, request, context):
+        """One page of a scope's live records, in key order, optionally only keys
+        that begin with a prefix or of one status.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Summarize(self, request, context):
+        """Per scope of the caller's tenant: records by status, leases run out,
+        retries due. Cheap on a table of any size: see ScopeSummary.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -177,6 +265,36 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Sweep,
                     request_deserializer=idempotency_dot_v1_dot_coordinator__pb2.SweepRequest.FromString,
                     response_serializer=idempotency_dot_v1_dot_coordinator__pb2.SweepResponse.SerializeToString,
+            ),
+            'ReleaseLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseLease,
+                    request_deserializer=idempotency_dot_v1_dot_coordinator__pb2.ReleaseLeaseRequest.FromString,
+                    response_serializer=idempotency_dot_v1_dot_coordinator__pb2.ReleaseLeaseResponse.SerializeToString,
+            ),
+            'RetryNow': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetryNow,
+                    request_deserializer=idempotency_dot_v1_dot_coordinator__pb2.RetryNowRequest.FromString,
+                    response_serializer=idempotency_dot_v1_dot_coordinator__pb2.RetryNowResponse.SerializeToString,
+            ),
+            'FailPermanently': grpc.unary_unary_rpc_method_handler(
+                    servicer.FailPermanently,
+                    request_deserializer=idempotency_dot_v1_dot_coordinator__pb2.FailPermanentlyRequest.FromString,
+                    response_serializer=idempotency_dot_v1_dot_coordinator__pb2.FailPermanentlyResponse.SerializeToString,
+            ),
+            'DeleteRecord': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteRecord,
+                    request_deserializer=idempotency_dot_v1_dot_coordinator__pb2.DeleteRecordRequest.FromString,
+                    response_serializer=idempotency_dot_v1_dot_coordinator__pb2.DeleteRecordResponse.SerializeToString,
+            ),
+            'ListRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRecords,
+                    request_deserializer=idempotency_dot_v1_dot_coordinator__pb2.ListRecordsRequest.FromString,
+                    response_serializer=idempotency_dot_v1_dot_coordinator__pb2.ListRecordsResponse.SerializeToString,
+            ),
+            'Summarize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Summarize,
+                    request_deserializer=idempotency_dot_v1_dot_coordinator__pb2.SummarizeRequest.FromString,
+                    response_serializer=idempotency_dot_v1_dot_coordinator__pb2.SummarizeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -368,6 +486,168 @@ class Coordinator:
             '/idempotency.v1.Coordinator/Sweep',
             idempotency_dot_v1_dot_coordinator__pb2.SweepRequest.SerializeToString,
             idempotency_dot_v1_dot_coordinator__pb2.SweepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/idempotency.v1.Coordinator/ReleaseLease',
+            idempotency_dot_v1_dot_coordinator__pb2.ReleaseLeaseRequest.SerializeToString,
+            idempotency_dot_v1_dot_coordinator__pb2.ReleaseLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetryNow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/idempotency.v1.Coordinator/RetryNow',
+            idempotency_dot_v1_dot_coordinator__pb2.RetryNowRequest.SerializeToString,
+            idempotency_dot_v1_dot_coordinator__pb2.RetryNowResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FailPermanently(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/idempotency.v1.Coordinator/FailPermanently',
+            idempotency_dot_v1_dot_coordinator__pb2.FailPermanentlyRequest.SerializeToString,
+            idempotency_dot_v1_dot_coordinator__pb2.FailPermanentlyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteRecord(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/idempotency.v1.Coordinator/DeleteRecord',
+            idempotency_dot_v1_dot_coordinator__pb2.DeleteRecordRequest.SerializeToString,
+            idempotency_dot_v1_dot_coordinator__pb2.DeleteRecordResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/idempotency.v1.Coordinator/ListRecords',
+            idempotency_dot_v1_dot_coordinator__pb2.ListRecordsRequest.SerializeToString,
+            idempotency_dot_v1_dot_coordinator__pb2.ListRecordsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Summarize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/idempotency.v1.Coordinator/Summarize',
+            idempotency_dot_v1_dot_coordinator__pb2.SummarizeRequest.SerializeToString,
+            idempotency_dot_v1_dot_coordinator__pb2.SummarizeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -34,8 +34,10 @@ stable `reason` in domain `idempotency.v1`, bad fields also a
                      token (`authorization: Bearer <token>`), when the
                      server requires them; answered from the headers, so
                      the request message is never read.
-  PERMISSION_DENIED  reason PERMISSION_DENIED: Sweep without an admin
-                     credential.
+  PERMISSION_DENIED  reason PERMISSION_DENIED: Sweep or an admin call
+                     (ReleaseLease, RetryNow, FailPermanently,
+                     DeleteRecord, ListRecords, Summarize) without an
+                     admin credential.
   RESOURCE_EXHAUSTED reason TOO_MANY_WAITERS: no waiting place is free on
                      this server for the caller's tenant; retry after
                      RetryInfo's delay, or call without `wait`.
@@ -59,6 +61,8 @@ stable `reason` in domain `idempotency.v1`, bad fields also a
   FAILED_PRECONDITION reason ALREADY_COMPLETED: Complete with the current
                      token but an outcome other than the one already stored
                      (success after failure, or failure after success).
+  FAILED_PRECONDITION reason WRONG_STATUS: an admin action that the
+                     record's status does not allow; nothing was changed.
   UNAVAILABLE        reason DATABASE_UNAVAILABLE: the database could not
                      be reached, or did not answer within the server's
                      --query-timeout. Retry after RetryInfo's delay. If the
@@ -139,6 +143,40 @@ class CoordinatorStub:
     Also run in the background by the server (--sweep-interval), by one
     replica at a time.
     """
+    ReleaseLease: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ReleaseLeaseRequest, _coordinator_pb2.ReleaseLeaseResponse]
+    """Administration: each needs an admin credential and acts on the
+    caller's own tenant's records only; PERMISSION_DENIED otherwise. The
+    three actions on a record are recorded on it (Record.admin_action: who,
+    when, why) and in the server's log; they answer FAILED_PRECONDITION with
+    reason WRONG_STATUS, the record unchanged, when its status does not allow
+    them, and NOT_FOUND when there is no live record.
+
+    Takes the lease from its holder: the record (PROCESSING) becomes FAILED,
+    due now, or FAILED_PERMANENT when no attempts are left (the attempt
+    counts, as when the sweeper reclaims a lease that ran out). The holder's
+    next Complete or ExtendLease is ABORTED with reason LEASE_LOST.
+    """
+    RetryNow: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RetryNowRequest, _coordinator_pb2.RetryNowResponse]
+    """Makes a FAILED record's retry due now, and offers it on the recovery
+    feed at once.
+    """
+    FailPermanently: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.FailPermanentlyRequest, _coordinator_pb2.FailPermanentlyResponse]
+    """Makes a PROCESSING or FAILED record FAILED_PERMANENT, with the reason
+    as its last error; a holder loses its lease as with ReleaseLease.
+    """
+    DeleteRecord: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.DeleteRecordRequest, _coordinator_pb2.DeleteRecordResponse]
+    """Deletes a record, whatever its status; the next Acquire of its key
+    starts afresh (with a greater fencing token). Logged by the server, as
+    the record is gone.
+    """
+    ListRecords: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ListRecordsRequest, _coordinator_pb2.ListRecordsResponse]
+    """One page of a scope's live records, in key order, optionally only keys
+    that begin with a prefix or of one status.
+    """
+    Summarize: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.SummarizeRequest, _coordinator_pb2.SummarizeResponse]
+    """Per scope of the caller's tenant: records by status, leases run out,
+    retries due. Cheap on a table of any size: see ScopeSummary.
+    """
 
 @_typing.type_check_only
 class CoordinatorAsyncStub(CoordinatorStub):
@@ -179,6 +217,40 @@ class CoordinatorAsyncStub(CoordinatorStub):
     now; FAILED_PERMANENT when no attempts are left), count due retries.
     Also run in the background by the server (--sweep-interval), by one
     replica at a time.
+    """
+    ReleaseLease: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ReleaseLeaseRequest, _coordinator_pb2.ReleaseLeaseResponse]  # type: ignore[assignment]
+    """Administration: each needs an admin credential and acts on the
+    caller's own tenant's records only; PERMISSION_DENIED otherwise. The
+    three actions on a record are recorded on it (Record.admin_action: who,
+    when, why) and in the server's log; they answer FAILED_PRECONDITION with
+    reason WRONG_STATUS, the record unchanged, when its status does not allow
+    them, and NOT_FOUND when there is no live record.
+
+    Takes the lease from its holder: the record (PROCESSING) becomes FAILED,
+    due now, or FAILED_PERMANENT when no attempts are left (the attempt
+    counts, as when the sweeper reclaims a lease that ran out). The holder's
+    next Complete or ExtendLease is ABORTED with reason LEASE_LOST.
+    """
+    RetryNow: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RetryNowRequest, _coordinator_pb2.RetryNowResponse]  # type: ignore[assignment]
+    """Makes a FAILED record's retry due now, and offers it on the recovery
+    feed at once.
+    """
+    FailPermanently: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.FailPermanentlyRequest, _coordinator_pb2.FailPermanentlyResponse]  # type: ignore[assignment]
+    """Makes a PROCESSING or FAILED record FAILED_PERMANENT, with the reason
+    as its last error; a holder loses its lease as with ReleaseLease.
+    """
+    DeleteRecord: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.DeleteRecordRequest, _coordinator_pb2.DeleteRecordResponse]  # type: ignore[assignment]
+    """Deletes a record, whatever its status; the next Acquire of its key
+    starts afresh (with a greater fencing token). Logged by the server, as
+    the record is gone.
+    """
+    ListRecords: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ListRecordsRequest, _coordinator_pb2.ListRecordsResponse]  # type: ignore[assignment]
+    """One page of a scope's live records, in key order, optionally only keys
+    that begin with a prefix or of one status.
+    """
+    Summarize: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.SummarizeRequest, _coordinator_pb2.SummarizeResponse]  # type: ignore[assignment]
+    """Per scope of the caller's tenant: records by status, leases run out,
+    retries due. Cheap on a table of any size: see ScopeSummary.
     """
 
 class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
@@ -259,6 +331,76 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
         now; FAILED_PERMANENT when no attempts are left), count due retries.
         Also run in the background by the server (--sweep-interval), by one
         replica at a time.
+        """
+
+    @_abc_1.abstractmethod
+    def ReleaseLease(
+        self,
+        request: _coordinator_pb2.ReleaseLeaseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.ReleaseLeaseResponse, _abc.Awaitable[_coordinator_pb2.ReleaseLeaseResponse]]:
+        """Administration: each needs an admin credential and acts on the
+        caller's own tenant's records only; PERMISSION_DENIED otherwise. The
+        three actions on a record are recorded on it (Record.admin_action: who,
+        when, why) and in the server's log; they answer FAILED_PRECONDITION with
+        reason WRONG_STATUS, the record unchanged, when its status does not allow
+        them, and NOT_FOUND when there is no live record.
+
+        Takes the lease from its holder: the record (PROCESSING) becomes FAILED,
+        due now, or FAILED_PERMANENT when no attempts are left (the attempt
+        counts, as when the sweeper reclaims a lease that ran out). The holder's
+        next Complete or ExtendLease is ABORTED with reason LEASE_LOST.
+        """
+
+    @_abc_1.abstractmethod
+    def RetryNow(
+        self,
+        request: _coordinator_pb2.RetryNowRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.RetryNowResponse, _abc.Awaitable[_coordinator_pb2.RetryNowResponse]]:
+        """Makes a FAILED record's retry due now, and offers it on the recovery
+        feed at once.
+        """
+
+    @_abc_1.abstractmethod
+    def FailPermanently(
+        self,
+        request: _coordinator_pb2.FailPermanentlyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.FailPermanentlyResponse, _abc.Awaitable[_coordinator_pb2.FailPermanentlyResponse]]:
+        """Makes a PROCESSING or FAILED record FAILED_PERMANENT, with the reason
+        as its last error; a holder loses its lease as with ReleaseLease.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteRecord(
+        self,
+        request: _coordinator_pb2.DeleteRecordRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.DeleteRecordResponse, _abc.Awaitable[_coordinator_pb2.DeleteRecordResponse]]:
+        """Deletes a record, whatever its status; the next Acquire of its key
+        starts afresh (with a greater fencing token). Logged by the server, as
+        the record is gone.
+        """
+
+    @_abc_1.abstractmethod
+    def ListRecords(
+        self,
+        request: _coordinator_pb2.ListRecordsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.ListRecordsResponse, _abc.Awaitable[_coordinator_pb2.ListRecordsResponse]]:
+        """One page of a scope's live records, in key order, optionally only keys
+        that begin with a prefix or of one status.
+        """
+
+    @_abc_1.abstractmethod
+    def Summarize(
+        self,
+        request: _coordinator_pb2.SummarizeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.SummarizeResponse, _abc.Awaitable[_coordinator_pb2.SummarizeResponse]]:
+        """Per scope of the caller's tenant: records by status, leases run out,
+        retries due. Cheap on a table of any size: see ScopeSummary.
         """
 
 def add_CoordinatorServicer_to_server(servicer: CoordinatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,116 @@
+//! What administrators ask of records (the admin RPCs and the operator
+//! console): the actions, the pages of a scope's keys, and a tenant's
+//! counts per scope.
+
+use chrono::{DateTime, Utc};
+
+use super::{Key, RecordId, Scope, Status, Tenant};
+
+/// An administrator's action on one record (`idempotency_admin_act`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminAction {
+    /// Take the lease from its holder; the record becomes FAILED, due now.
+    ReleaseLease,
+    /// A FAILED record's retry becomes due now.
+    RetryNow,
+    /// The record becomes FAILED_PERMANENT with the reason as its error.
+    FailPermanently,
+}
+
+impl AdminAction {
+    /// The action's name, as `sql/functions/admin.sql` takes it and the
+    /// record keeps it.
+    pub fn name(self) -> &'static str {
+        match self {
+            AdminAction::ReleaseLease => "RELEASE_LEASE",
+            AdminAction::RetryNow => "RETRY_NOW",
+            AdminAction::FailPermanently => "FAIL_PERMANENTLY",
+        }
+    }
+}
+
+/// A validated administrator's request about one record.
+#[derive(Debug, Clone)]
+pub struct AdminCommand {
+    /// The record: the administrator's own tenant, the scope and key asked.
+    pub id: RecordId,
+    /// Who asks: the credential, and the operator's own name if given.
+    pub actor: String,
+    /// Why; recorded on the record.
+    pub reason: String,
+}
+
+/// A page of a scope's keys.
+#[derive(Debug, Clone)]
+pub struct ListQuery {
+    /// Whose records: the administrator's tenant.
+    pub tenant: Tenant,
+    /// The scope listed.
+    pub scope: Scope,
+    /// Only keys that begin with this; empty: all.
+    pub prefix: String,
+    /// Keys after this one; `None`: from the first.
+    pub after: Option<Key>,
+    /// Only records of this status; `None`: any.
+    pub status: Option<Status>,
+    /// At most this many.
+    pub limit: u32,
+}
+
+/// A record as a list shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordLine {
+    /// The idempotency key.
+    pub key: String,
+    /// Where the record stands.
+    pub status: Status,
+    /// Attempts made so far.
+    pub attempt_count: u32,
+    /// Attempts allowed.
+    pub max_attempts: u32,
+    /// While PROCESSING: when the lease runs out.
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    /// While FAILED: when the retry is due.
+    pub next_retry_at: Option<DateTime<Utc>>,
+    /// When the record last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// One scope's counts (`idempotency_admin_summary` says how each is read).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ScopeCounts {
+    /// The scope.
+    pub scope: String,
+    /// PROCESSING records.
+    pub processing: u64,
+    /// PROCESSING records whose lease has run out.
+    pub leases_expired: u64,
+    /// FAILED records.
+    pub failed: u64,
+    /// FAILED records whose retry is due.
+    pub retries_due: u64,
+    /// FAILED_PERMANENT records.
+    pub failed_permanent: u64,
+    /// All records, up to the cap.
+    pub records: u64,
+    /// More than `records`.
+    pub records_capped: bool,
+}
+
+impl ScopeCounts {
+    /// SUCCEEDED records: what the other counts leave of `records` (a lower
+    /// bound when `records_capped`).
+    pub fn succeeded(&self) -> u64 {
+        self.records
+            .saturating_sub(self.processing + self.failed + self.failed_permanent)
+    }
+}
+
+/// A tenant's counts per scope.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// The tenant's scopes, in order.
+    pub scopes: Vec<ScopeCounts>,
+    /// The whole table's size as the planner estimates it.
+    pub estimated_table_records: u64,
+}
