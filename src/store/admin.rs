@@ -35,6 +35,7 @@ impl Store {
         let stamp = self.stamp(&time)?;
         let row = self
             .query_one(
+                cmd.id.key.as_str(),
                 ACT,
                 &[
                     &cmd.id.tenant.as_str(),
@@ -58,6 +59,7 @@ impl Store {
         let stamp = self.stamp(&time)?;
         let row = self
             .query_one(
+                id.key.as_str(),
                 DELETE,
                 &[
                     &id.tenant.as_str(),
