@@ -3,6 +3,7 @@
 //! records spread over the workers. Skipped, loudly, where Citus is not
 //! installed (`bash .ci/citus` installs it); CI fails instead.
 
+mod admin;
 mod app;
 mod backend;
 mod batches;
