@@ -148,7 +148,9 @@ async fn attempt(
         (FENCING_TOKEN, HeaderValue::from(lease.fencing_token())),
         (ATTEMPT, HeaderValue::from(lease.attempt())),
     ];
-    let request = Request::from_parts(head, body::full(body));
+    let mut request = Request::from_parts(head, body::full(body));
+    // The body is already here: the upstream need not ask for it.
+    request.headers_mut().remove(http::header::EXPECT);
     let upstream = &proxy.upstream;
     let response = upstream
         .send(request, extra)

@@ -166,3 +166,44 @@ async fn a_retry_after_the_sidecar_dies_reaches_the_upstream_with_a_higher_fenci
     assert!(seen[1].fencing_token > seen[0].fencing_token, "{seen:?}");
     assert_eq!(seen[1].attempt, Some(2));
 }
+
+#[tokio::test]
+async fn a_slow_upstream_keeps_its_lease_while_it_works() {
+    // A one-second lease, an upstream that takes three: the heartbeat
+    // keeps the key held, so a second request never runs it again.
+    let env = Env::start(&["--lease-ttl", "1s"]).await;
+    let key = fresh_key();
+    let client = env.client.clone();
+    let first = {
+        let key = key.clone();
+        tokio::spawn(async move { client.post("/pay?hold_ms=3000", &key, "{}").await })
+    };
+    eventually(
+        "the upstream to see the request",
+        Duration::from_secs(10),
+        || async { (env.upstream.count("/pay") == 1).then_some(()) },
+    )
+    .await;
+    let mut held = 0;
+    while !first.is_finished() {
+        let reply = env.client.post("/pay?hold_ms=3000", &key, "{}").await;
+        if first.is_finished() && reply.status != StatusCode::CONFLICT {
+            break;
+        }
+        assert_eq!(reply.status, StatusCode::CONFLICT, "{reply:?}");
+        held += 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        held >= 4,
+        "the key was held past its first lease ({held} checks)"
+    );
+    assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
+    assert!(
+        env.client
+            .post("/pay?hold_ms=3000", &key, "{}")
+            .await
+            .replayed()
+    );
+    assert_eq!(env.upstream.count("/pay"), 1);
+}

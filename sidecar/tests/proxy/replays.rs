@@ -139,3 +139,20 @@ async fn two_tenants_never_share_a_key() {
     assert!(send("client-a", "{\"a\":1}").await.replayed());
     assert_eq!(env.upstream.count("/pay"), 2);
 }
+
+#[tokio::test]
+async fn an_h2c_upstream_is_spoken_to_in_http2() {
+    let env = Env::start(&["--upstream-h2c"]).await;
+    let key = fresh_key();
+    let first = env.client.post("/pay", &key, "{}").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(env.client.post("/pay", &key, "{}").await.replayed());
+    let passed = env.client.send(Method::GET, "/items", None, "", &[]).await;
+    assert_eq!(passed.status, StatusCode::OK);
+    let seen = env.upstream.seen();
+    assert_eq!(seen.len(), 2);
+    assert!(
+        seen.iter().all(|s| s.version == http::Version::HTTP_2),
+        "{seen:?}"
+    );
+}

@@ -30,6 +30,7 @@ pub struct Seen {
     pub key: Option<String>,
     pub fencing_token: Option<u64>,
     pub attempt: Option<u32>,
+    pub version: http::Version,
 }
 
 #[derive(Default)]
@@ -137,6 +138,7 @@ async fn answer(
         key: header(&request, "idempotency-key"),
         fencing_token: header(&request, "idempotency-fencing-token"),
         attempt: header(&request, "idempotency-attempt"),
+        version: request.version(),
     };
     let hold = query(&request, "hold_ms");
     let bytes = query(&request, "bytes");
