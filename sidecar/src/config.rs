@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use http::{StatusCode, Uri};
+use idempotency_client::{ClientOptions, TlsOptions};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use crate::proxy::Settings;
 use crate::routes::{self, DEFAULT_STORED_HEADERS, RouteDefaults, RouteError, Routes};
@@ -47,6 +49,24 @@ pub struct Args {
         hide_env_values = true
     )]
     pub coordinator_token: Option<String>,
+    /// PEM file of the CA the coordinator's certificate chains to (with an
+    /// `https://` endpoint).
+    #[arg(long, env = "IDEMPOTENCY_SIDECAR_COORDINATOR_CA")]
+    pub coordinator_ca: Option<std::path::PathBuf>,
+    /// PEM file of a client certificate chain, for mutual TLS.
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_SIDECAR_COORDINATOR_CERT",
+        requires = "coordinator_key"
+    )]
+    pub coordinator_cert: Option<std::path::PathBuf>,
+    /// PEM file of the client certificate's private key.
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_SIDECAR_COORDINATOR_KEY",
+        requires = "coordinator_cert"
+    )]
+    pub coordinator_key: Option<std::path::PathBuf>,
     /// Deadline of each coordinator call.
     #[arg(long, env = "IDEMPOTENCY_SIDECAR_CALL_TIMEOUT", default_value = "10s")]
     pub call_timeout: humantime::Duration,
@@ -279,6 +299,55 @@ impl Args {
             retention: self.retention.map(Duration::from),
             failure_retry_after: self.failure_retry_after.into(),
         })
+    }
+
+    /// How the client library reaches and authenticates to the
+    /// coordinator.
+    pub fn coordinator_options(&self) -> Result<ClientOptions, ConfigError> {
+        let read = |flag_name: &'static str, path: &Option<std::path::PathBuf>| {
+            path.as_ref()
+                .map(|p| {
+                    std::fs::read_to_string(p)
+                        .map_err(|e| flag(flag_name, format!("{}: {e}", p.display())))
+                })
+                .transpose()
+        };
+        let ca_pem = read("coordinator-ca", &self.coordinator_ca)?;
+        let client_cert_pem = read("coordinator-cert", &self.coordinator_cert)?;
+        let client_key_pem = read("coordinator-key", &self.coordinator_key)?;
+        let tls = self
+            .coordinator
+            .starts_with("https://")
+            .then_some(TlsOptions {
+                ca_pem,
+                client_cert_pem,
+                client_key_pem,
+                domain: None,
+            });
+        Ok(ClientOptions {
+            bearer_token: self.coordinator_token.clone(),
+            tls,
+            call_timeout: self.call_timeout.into(),
+            ..ClientOptions::default()
+        })
+    }
+
+    /// The endpoint the coordinator's health is asked on: the client
+    /// library's, with the same TLS.
+    pub fn health_endpoint(&self, options: &ClientOptions) -> Result<Endpoint, ConfigError> {
+        let bad = |e: tonic::transport::Error| flag("coordinator", e.to_string());
+        let mut endpoint = Endpoint::from_shared(self.coordinator.clone()).map_err(bad)?;
+        if let Some(tls) = &options.tls {
+            let mut config = ClientTlsConfig::new();
+            if let Some(ca) = &tls.ca_pem {
+                config = config.ca_certificate(Certificate::from_pem(ca));
+            }
+            if let (Some(cert), Some(key)) = (&tls.client_cert_pem, &tls.client_key_pem) {
+                config = config.identity(Identity::from_pem(cert, key));
+            }
+            endpoint = endpoint.tls_config(config).map_err(bad)?;
+        }
+        Ok(endpoint)
     }
 
     /// The upstream's base URI, checked.

@@ -38,7 +38,7 @@ pub mod upstream;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use idempotency_client::{ClientOptions, ConnectError};
+use idempotency_client::ConnectError;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -58,9 +58,6 @@ pub enum StartError {
     /// The coordinator's endpoint or credentials are unusable.
     #[error("coordinator: {0}")]
     Coordinator(#[from] ConnectError),
-    /// The coordinator's endpoint cannot be parsed.
-    #[error("coordinator endpoint: {0}")]
-    Endpoint(#[from] tonic::transport::Error),
     /// A listener could not be bound.
     #[error("binding {addr}: {error}")]
     Bind {
@@ -110,14 +107,9 @@ pub async fn start(args: &Args) -> Result<Running, StartError> {
         args.upstream_timeout.into(),
         args.retry_statuses()?,
     );
-    let options = ClientOptions {
-        bearer_token: args.coordinator_token.clone(),
-        call_timeout: args.call_timeout.into(),
-        ..ClientOptions::default()
-    };
+    let options = args.coordinator_options()?;
+    let health_channel = args.health_endpoint(&options)?.connect_lazy();
     let coordinator = idempotency_client::Client::connect_lazy(args.coordinator.clone(), options)?;
-    let health_channel =
-        tonic::transport::Endpoint::from_shared(args.coordinator.clone())?.connect_lazy();
     let metrics = Metrics::default();
     let proxy = Arc::new(Proxy {
         routes,

@@ -9,6 +9,8 @@ mod binary;
 #[path = "../../../tests/api/helpers/database.rs"]
 #[allow(dead_code)]
 mod database;
+#[path = "../../../tests/api/helpers/pki.rs"]
+mod pki;
 #[path = "../../../tests/api/helpers/polling.rs"]
 mod polling;
 #[path = "../../../tests/api/helpers/process.rs"]

@@ -126,3 +126,47 @@ async fn sigterm_drains_requests_in_flight_then_exits() {
         .unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+#[tokio::test]
+async fn over_tls_the_sidecar_coordinates_and_follows_the_coordinators_health() {
+    use crate::pki::{PemFiles, pki};
+    let server_pki = pki(&["localhost", "127.0.0.1"]);
+    let files = PemFiles::new();
+    let [cert, key, ca] = [
+        files.write("server.pem", &server_pki.cert),
+        files.write("server.key", &server_pki.key),
+        files.write("ca.pem", &server_pki.ca),
+    ]
+    .map(|path| path.display().to_string());
+    let db = crate::database::TestDatabase::create().await;
+    let launch = crate::process::Launch {
+        binary: Some(crate::binary::path()),
+        ..crate::process::Launch::default()
+    };
+    let flags = [
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--health-interval",
+        "200ms",
+    ];
+    let server = crate::process::ServerProcess::launch(&db.url, &flags, launch).await;
+    let upstream = TestUpstream::start().await;
+    let endpoint = format!("https://{}", server.addr);
+    let sidecar =
+        crate::support::start_sidecar(&upstream.url(), &endpoint, &["--coordinator-ca", &ca]).await;
+    let client = TestClient::new(sidecar.addr);
+    let key = fresh_key();
+    assert_eq!(
+        client.post("/pay", &key, "{}").await.status,
+        StatusCode::CREATED
+    );
+    assert!(client.post("/pay", &key, "{}").await.replayed());
+    let ops = TestClient::new(sidecar.metrics_addr);
+    eventually("ready over TLS", Duration::from_secs(10), || async {
+        let reply = ops.send(Method::GET, "/readyz", None, "", &[]).await;
+        (reply.status == StatusCode::OK).then_some(())
+    })
+    .await;
+}
