@@ -139,7 +139,7 @@ impl Proxy {
         request: Request<Incoming>,
     ) -> (Response<ProxyBody>, Outcome) {
         let (head, incoming) = request.into_parts();
-        let limit = self.settings.max_request_body;
+        let limit = route.max_body.unwrap_or(self.settings.max_request_body);
         let read = tokio::time::timeout(
             self.settings.request_body_timeout,
             body::read_limited(incoming, limit),

@@ -8,7 +8,7 @@
 //! A route is one line, in a route file or a `--route` flag:
 //!
 //! ```text
-//! POST /payments/** require scope=payments fingerprint-headers=content-type,x-account json=canonical
+//! POST /payments/** require scope=payments fingerprint-headers=content-type,x-account json=canonical max-body=65536
 //! ```
 
 use http::{HeaderName, Method};
@@ -68,6 +68,8 @@ pub struct Route {
     pub canonical_json: bool,
     /// Which response headers are stored and replayed.
     pub store_headers: StoreHeaders,
+    /// The largest request body with a key (`None`: the sidecar's limit).
+    pub max_body: Option<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,6 +152,7 @@ impl Route {
             fingerprint_headers: defaults.fingerprint_headers.clone(),
             canonical_json: false,
             store_headers: defaults.store_headers.clone(),
+            max_body: None,
         };
         for option in words {
             route.set(option).ok_or_else(|| RouteError::Option {
@@ -173,6 +176,7 @@ impl Route {
                 }
             }
             "store-headers" => self.store_headers = store_headers(value)?,
+            "max-body" => self.max_body = Some(value.parse().ok()?),
             _ => return None,
         }
         Some(())
@@ -292,6 +296,7 @@ impl Routes {
             fingerprint_headers: self.defaults.fingerprint_headers.clone(),
             canonical_json: false,
             store_headers: self.defaults.store_headers.clone(),
+            max_body: None,
         }
     }
 }
@@ -313,7 +318,7 @@ mod tests {
         let routes = Routes::parse(
             [
                 "# payments",
-                "POST /payments/** require scope=payments json=canonical",
+                "POST /payments/** require scope=payments json=canonical max-body=10",
                 "* /orders/{id}/cancel accept scope=orders",
                 "POST /health pass",
             ],

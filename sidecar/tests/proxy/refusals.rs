@@ -49,7 +49,14 @@ async fn hostile_keys_are_400_and_nothing_is_stored_or_forwarded() {
 
 #[tokio::test]
 async fn a_body_over_the_limit_is_413_and_nothing_is_stored_or_forwarded() {
-    let env = Env::start(&["--max-request-body", "1048576"]).await;
+    // The route's limit, not the sidecar's (8 MiB here), applies.
+    let env = Env::start(&[
+        "--route",
+        "POST /pay accept max-body=1048576",
+        "--max-request-body",
+        "8388608",
+    ])
+    .await;
     let key = fresh_key();
     let body = vec![b'x'; 2 * 1024 * 1024];
     let reply = env
