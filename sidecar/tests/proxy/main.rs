@@ -19,6 +19,7 @@ mod process;
 
 mod concurrency;
 mod failures;
+mod latency;
 mod operations;
 mod refusals;
 mod replays;
