@@ -358,3 +358,62 @@ impl Args {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> Result<Args, clap::Error> {
+        let mut argv = vec![
+            "idempotency-sidecar",
+            "--upstream",
+            "http://127.0.0.1:3000",
+            "--coordinator",
+            "http://127.0.0.1:50051",
+        ];
+        argv.extend_from_slice(extra);
+        Args::try_parse_from(argv)
+    }
+
+    #[test]
+    fn defaults_resolve() {
+        let args = args(&[]).unwrap();
+        let statuses = args.retry_statuses().unwrap();
+        assert!(statuses.server_errors);
+        assert_eq!(
+            statuses.also,
+            [StatusCode::REQUEST_TIMEOUT, StatusCode::TOO_MANY_REQUESTS]
+        );
+        let settings = args.settings().unwrap();
+        assert_eq!(settings.max_request_body, 1024 * 1024);
+        assert!(args.routes().is_ok());
+        assert!(args.coordinator_options().unwrap().tls.is_none());
+    }
+
+    #[test]
+    fn bad_values_are_refused_at_start() {
+        assert!(
+            args(&["--retry-statuses", "5xx,abc"])
+                .unwrap()
+                .retry_statuses()
+                .is_err()
+        );
+        assert!(args(&["--scope", "a b"]).unwrap().routes().is_err());
+        assert!(
+            args(&["--route", "POST /x sometimes"])
+                .unwrap()
+                .routes()
+                .is_err()
+        );
+        assert!(args(&["--lease-ttl", "100ms"]).unwrap().settings().is_err());
+        let ftp = args(&[]).map(|mut a| {
+            a.upstream = "ftp://host/".parse().unwrap();
+            a
+        });
+        assert!(ftp.unwrap().upstream_base().is_err());
+        assert!(
+            args(&["--coordinator-cert", "c.pem"]).is_err(),
+            "a cert needs its key"
+        );
+    }
+}

@@ -207,3 +207,22 @@ async fn a_slow_upstream_keeps_its_lease_while_it_works() {
     );
     assert_eq!(env.upstream.count("/pay"), 1);
 }
+
+#[tokio::test]
+async fn an_upstream_429_is_retried_no_sooner_than_its_retry_after() {
+    let env = Env::start(&[]).await;
+    let key = fresh_key();
+    let busy = env.client.post("/busy", &key, "{}").await;
+    assert_eq!(busy.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(busy.text(), "slow down");
+    let early = env.client.post("/busy", &key, "{}").await;
+    assert_eq!(early.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(early.problem_type().ends_with("#retry-later"));
+    let after: u64 = early.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((20..=30).contains(&after), "Retry-After {after}");
+    assert_eq!(env.upstream.count("/busy"), 1);
+}

@@ -7,6 +7,7 @@
 //! - `POST /flaky`: 500 on its first call, 201 after.
 //! - `POST /gate`: waits until the test opens the gate, then 201.
 //! - `POST /big?bytes=N`: 200 with N bytes.
+//! - `POST /busy`: 429 with `Retry-After: 30`.
 //! - `GET /items`: 200, counted apart.
 
 use std::collections::HashMap;
@@ -163,6 +164,14 @@ async fn answer(
             (StatusCode::CREATED, format!("{{\"effect\":{n}}}"))
         }
         "/big" => (StatusCode::OK, "x".repeat(bytes.unwrap_or(0) as usize)),
+        "/busy" => {
+            let response = Response::builder()
+                .status(StatusCode::TOO_MANY_REQUESTS)
+                .header("retry-after", "30")
+                .body(Full::new(Bytes::from_static(b"slow down")))
+                .unwrap();
+            return response;
+        }
         "/items" => (StatusCode::OK, "[]".to_owned()),
         _ => (
             StatusCode::CREATED,
