@@ -124,6 +124,14 @@ pub struct Args {
         default_value_t = 1_000_000
     )]
     pub max_stored_bytes: usize,
+    /// The bodies of requests with a key held at once, in MiB (each counts
+    /// its announced length, else its limit); past it, 503.
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_SIDECAR_MAX_INFLIGHT_BODY_MIB",
+        default_value_t = 64
+    )]
+    pub max_inflight_body_mib: u32,
     /// How long the body of a request with a key may take to arrive.
     #[arg(
         long,
@@ -298,6 +306,7 @@ impl Args {
             max_attempts: self.max_attempts,
             retention: self.retention.map(Duration::from),
             failure_retry_after: self.failure_retry_after.into(),
+            body_budget_kib: self.body_budget_kib()?,
         })
     }
 
@@ -348,6 +357,14 @@ impl Args {
             endpoint = endpoint.tls_config(config).map_err(bad)?;
         }
         Ok(endpoint)
+    }
+
+    /// The body budget, in KiB.
+    pub fn body_budget_kib(&self) -> Result<u32, ConfigError> {
+        self.max_inflight_body_mib
+            .checked_mul(1024)
+            .filter(|kib| (1..=crate::proxy::MAX_BUDGET_KIB).contains(kib))
+            .ok_or_else(|| flag("max-inflight-body-mib", "1 to 1048576"))
     }
 
     /// The upstream's base URI, checked.

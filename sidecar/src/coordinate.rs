@@ -70,6 +70,7 @@ pub async fn run(
     key: IdempotencyKey,
     head: Parts,
     body: Bytes,
+    held: tokio::sync::OwnedSemaphorePermit,
 ) -> (Response<ProxyBody>, Outcome) {
     let fingerprint = fingerprint::of(&fingerprint::Request {
         method: &head.method,
@@ -104,7 +105,7 @@ pub async fn run(
         // upstream call nor the recording of its outcome.
         tokio::spawn(async move {
             let work = |lease| attempt(&proxy, &route, lease, head, body, &slot);
-            proxy
+            let decided = proxy
                 .coordinator
                 .run_once_with_codec(
                     &ResponseCodec,
@@ -114,7 +115,10 @@ pub async fn run(
                     &options,
                     work,
                 )
-                .await
+                .await;
+            // The body's room in the budget, held as long as the body.
+            drop(held);
+            decided
         })
     };
     let decided = match task.await {

@@ -101,6 +101,7 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
 pub async fn start(args: &Args) -> Result<Running, StartError> {
     let routes = args.routes()?;
     let settings = args.settings()?;
+    let budget_kib = settings.body_budget_kib;
     let upstream = Upstream::new(
         args.upstream_base()?,
         args.upstream_h2c,
@@ -120,6 +121,7 @@ pub async fn start(args: &Args) -> Result<Running, StartError> {
             base: args.problem_docs.clone(),
         },
         metrics: metrics.clone(),
+        body_budget: Arc::new(tokio::sync::Semaphore::new(budget_kib as usize)),
     });
     let listener = bind(args.listen).await?;
     let metrics_listener = bind(args.metrics_listen).await?;

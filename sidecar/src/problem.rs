@@ -35,6 +35,8 @@ pub enum Problem {
     CoordinatorUnavailable,
     /// 503: the lease ran out before the answer was stored.
     LeaseLost,
+    /// 503: too many request bodies are held at once.
+    Busy,
 }
 
 impl Problem {
@@ -53,6 +55,7 @@ impl Problem {
             Problem::UpstreamTimeout => "upstream-timeout",
             Problem::CoordinatorUnavailable => "coordinator-unavailable",
             Problem::LeaseLost => "lease-lost",
+            Problem::Busy => "busy",
         }
     }
 
@@ -66,9 +69,10 @@ impl Problem {
             Problem::InProgress | Problem::AttemptsExhausted => StatusCode::CONFLICT,
             Problem::UpstreamUnavailable => StatusCode::BAD_GATEWAY,
             Problem::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
-            Problem::RetryLater | Problem::CoordinatorUnavailable | Problem::LeaseLost => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Problem::RetryLater
+            | Problem::CoordinatorUnavailable
+            | Problem::LeaseLost
+            | Problem::Busy => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -86,6 +90,7 @@ impl Problem {
             Problem::UpstreamTimeout => "Upstream timed out",
             Problem::CoordinatorUnavailable => "Coordinator unavailable",
             Problem::LeaseLost => "The answer could not be stored",
+            Problem::Busy => "Too busy",
         }
     }
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use http::{HeaderName, Request, Response};
 use hyper::body::Incoming;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::body::{self, ProxyBody, Read};
 use crate::key::{self, IdempotencyKey, KeyError};
@@ -41,6 +42,8 @@ pub struct Settings {
     /// How long a key's record and answer are kept (`None`: the
     /// coordinator's default).
     pub retention: Option<Duration>,
+    /// The body budget's size, in KiB.
+    pub body_budget_kib: u32,
     /// How soon a key whose upstream call failed may run again, when the
     /// upstream does not say (`Retry-After`).
     pub failure_retry_after: Duration,
@@ -60,6 +63,9 @@ pub struct Proxy {
     pub problems: Problems,
     /// Requests by route and outcome, and the rest.
     pub metrics: Metrics,
+    /// The bodies of requests with a key held at once, in KiB: a request
+    /// that would pass it is refused (503) rather than read.
+    pub body_budget: Arc<Semaphore>,
 }
 
 /// What a request ended as, for the metrics.
@@ -140,6 +146,12 @@ impl Proxy {
     ) -> (Response<ProxyBody>, Outcome) {
         let (head, incoming) = request.into_parts();
         let limit = route.max_body.unwrap_or(self.settings.max_request_body);
+        let Some(held) = self.reserve(&head.headers, limit) else {
+            let kind = Problem::Busy;
+            let detail = "too many request bodies are held at once; retry";
+            let retry = Some(Duration::from_secs(1));
+            return (self.problems.respond(kind, detail, retry), kind.anchor());
+        };
         let read = tokio::time::timeout(
             self.settings.request_body_timeout,
             body::read_limited(incoming, limit),
@@ -147,8 +159,8 @@ impl Proxy {
         .await;
         let problem = match read {
             Ok(Ok(Read::Whole(bytes))) => {
-                return crate::coordinate::run(Arc::clone(self), route.clone(), key, head, bytes)
-                    .await;
+                let (proxy, route) = (Arc::clone(self), route.clone());
+                return crate::coordinate::run(proxy, route, key, head, bytes, held).await;
             }
             Ok(Ok(Read::Over(..))) => (
                 Problem::BodyTooLarge,
@@ -169,4 +181,27 @@ impl Proxy {
         let (kind, detail) = problem;
         (self.problems.respond(kind, &detail, None), kind.anchor())
     }
+
+    /// Room in the body budget for a body of the announced length (at most
+    /// `limit`), or of `limit` when none is announced; `None` when the
+    /// budget has no room now.
+    fn reserve(&self, headers: &http::HeaderMap, limit: usize) -> Option<OwnedSemaphorePermit> {
+        let announced = headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        let bytes = announced.unwrap_or(limit).min(limit);
+        let kib = u32::try_from(bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .clamp(1, MAX_BUDGET_KIB);
+        // A body larger than the whole budget takes all of it.
+        let kib = kib.min(self.settings.body_budget_kib);
+        Arc::clone(&self.body_budget)
+            .try_acquire_many_owned(kib)
+            .ok()
+    }
 }
+
+/// The most a single body reserves, in KiB (the semaphore's own limit is
+/// far above any budget).
+pub const MAX_BUDGET_KIB: u32 = 1 << 30;

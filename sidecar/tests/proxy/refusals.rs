@@ -92,3 +92,31 @@ async fn raw_request(addr: std::net::SocketAddr, request: &[u8]) -> String {
         .unwrap();
     String::from_utf8_lossy(&buffer[..n]).into_owned()
 }
+
+#[tokio::test]
+async fn bodies_past_the_in_flight_budget_are_503_until_room_is_made() {
+    let env = Env::start(&["--max-inflight-body-mib", "1"]).await;
+    let body = "x".repeat(600 * 1024);
+    let held = {
+        let (client, body) = (env.client.clone(), body.clone());
+        tokio::spawn(async move { client.post("/gate", &fresh_key(), &body).await })
+    };
+    crate::polling::eventually(
+        "the upstream to see the first request",
+        std::time::Duration::from_secs(10),
+        || async { (env.upstream.count("/gate") == 1).then_some(()) },
+    )
+    .await;
+    let refused = env.client.post("/pay", &fresh_key(), &body).await;
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(refused.problem_type().ends_with("#busy"));
+    assert!(refused.headers.contains_key("retry-after"));
+    // A small body still fits.
+    let small = env.client.post("/pay", &fresh_key(), "{}").await;
+    assert_eq!(small.status, StatusCode::CREATED);
+    env.upstream.open_gate();
+    assert_eq!(held.await.unwrap().status, StatusCode::CREATED);
+    let room = env.client.post("/pay", &fresh_key(), &body).await;
+    assert_eq!(room.status, StatusCode::CREATED);
+    assert_eq!(env.upstream.count("/pay"), 2);
+}
