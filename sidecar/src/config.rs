@@ -408,6 +408,40 @@ mod tests {
     }
 
     #[test]
+    fn routes_come_from_flags_then_the_route_file() {
+        let file = std::env::temp_dir().join(format!("sidecar-routes-{}", std::process::id()));
+        std::fs::write(&file, "# payments\nPOST /pay/** require scope=payments\n\n").unwrap();
+        let path = file.display().to_string();
+        let parsed = args(&[
+            "--route",
+            "POST /pay/x pass;PUT /y accept",
+            "--routes-file",
+            &path,
+        ]);
+        let routes = parsed.unwrap().routes().unwrap();
+        std::fs::remove_file(&file).unwrap();
+        let post = http::Method::POST;
+        assert_eq!(
+            routes.route(&post, "/pay/x").mode,
+            crate::routes::Mode::Pass
+        );
+        assert_eq!(
+            routes.route(&http::Method::PUT, "/y").mode,
+            crate::routes::Mode::Accept
+        );
+        let paid = routes.route(&post, "/pay/z");
+        assert_eq!(
+            (paid.mode, paid.scope.as_str()),
+            (crate::routes::Mode::Require, "payments")
+        );
+        let missing = args(&["--routes-file", "/nonexistent/routes"]).unwrap();
+        assert!(matches!(
+            missing.routes(),
+            Err(ConfigError::RoutesFile { .. })
+        ));
+    }
+
+    #[test]
     fn bad_values_are_refused_at_start() {
         assert!(
             args(&["--retry-statuses", "5xx,abc"])
