@@ -13,31 +13,42 @@ WORKDIR /src
 
 # Dependencies first, in a layer of their own that stays cached while only
 # the coordinator's code changes: build them against stand-in sources.
-# The workspace's other members, the Rust client and the benchmark, are not
-# built here, but cargo reads their manifests: each gets a stand-in library.
+# The workspace's other members, the Rust client, the benchmark and the
+# sidecar, are not built here, but cargo reads their manifests: each gets a
+# stand-in library (and the sidecar a stand-in binary).
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY clients/rust/Cargo.toml clients/rust/Cargo.toml
 COPY bench/Cargo.toml bench/Cargo.toml
+COPY sidecar/Cargo.toml sidecar/Cargo.toml
 COPY proto proto
-RUN mkdir -p src clients/rust/src bench/src \
+RUN mkdir -p src clients/rust/src bench/src sidecar/src \
  && echo 'fn main() {}' > src/main.rs \
- && touch src/lib.rs clients/rust/src/lib.rs bench/src/lib.rs \
+ && echo 'fn main() {}' > sidecar/src/main.rs \
+ && touch src/lib.rs clients/rust/src/lib.rs bench/src/lib.rs sidecar/src/lib.rs \
  && cargo build --release --locked --bin idempotency-coordinator \
- && rm -rf src
+ && rm -rf src sidecar/src clients/rust/src
 
 COPY sql sql
 COPY src src
+# The sidecar (idempotency-sidecar, docs/sidecar.md), built on the Rust
+# client: both real now.
+COPY clients/rust clients/rust
+COPY sidecar sidecar
 # The stand-ins' outputs are older than the real sources only by mtime
-# order of the copy; touch so cargo rebuilds the crate itself.
-RUN touch src/main.rs src/lib.rs \
- && cargo build --release --locked --bin idempotency-coordinator \
- && cp target/release/idempotency-coordinator /idempotency-coordinator
+# order of the copy; touch so cargo rebuilds the crates themselves.
+RUN touch src/main.rs src/lib.rs clients/rust/src/lib.rs sidecar/src/main.rs sidecar/src/lib.rs \
+ && cargo build --release --locked --bin idempotency-coordinator --bin idempotency-sidecar \
+ && cp target/release/idempotency-coordinator /idempotency-coordinator \
+ && cp target/release/idempotency-sidecar /idempotency-sidecar
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 LABEL org.opencontainers.image.title="idempotency-coordinator" \
       org.opencontainers.image.description="A gRPC coordinator that lets services in any language run each side-effecting operation exactly once, decided in PostgreSQL." \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build /idempotency-coordinator /usr/local/bin/idempotency-coordinator
+# The Idempotency-Key reverse proxy: run it with
+# --entrypoint /usr/local/bin/idempotency-sidecar (deploy/sidecar/).
+COPY --from=build /idempotency-sidecar /usr/local/bin/idempotency-sidecar
 # distroless's nonroot user, by number so that Kubernetes can check runAsNonRoot.
 USER 65532:65532
 # Configure the server through its environment (IDEMPOTENCY_LISTEN,

@@ -1,0 +1,349 @@
+//! A coordinated request: the coordinator decides (through the client
+//! library's `run_once`) whether this request runs, waits, is refused, or
+//! is answered from the stored response; when it runs, the upstream call
+//! and the recording of its outcome happen in a task of their own, so a
+//! client that hangs up abandons neither. Which upstream answers are
+//! stored, recorded as failures, or released is decided in [`attempt`];
+//! how each decision is answered, in [`answer`].
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use idempotency_client::{Done, Lease, RunOnceError, RunOptions, WorkError};
+
+use crate::body::{self, ProxyBody, Read};
+use crate::fingerprint;
+use crate::key::{self, IdempotencyKey};
+use crate::problem::Problem;
+use crate::proxy::{Outcome, Proxy};
+use crate::routes::Route;
+use crate::stored::{ResponseCodec, StoredResponse};
+use crate::upstream::{ATTEMPT, FENCING_TOKEN, UpstreamError, is_hop_by_hop, strip_hop_by_hop};
+
+/// Marks a replayed answer.
+pub const REPLAYED: http::HeaderName = http::HeaderName::from_static("idempotent-replayed");
+
+/// The upstream's answer as the client that caused it gets it: every
+/// end-to-end header, not only those stored.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+/// Why an attempt produced no answer to store.
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    /// The upstream answered with a status recorded as a failure.
+    #[error("the upstream answered {}", .0.status)]
+    Status(Answer),
+    /// The upstream gave no answer.
+    #[error("{0}")]
+    Upstream(UpstreamError),
+    /// The answer is too large to store: what was read, and the rest.
+    #[error("the upstream's answer is larger than the {limit} bytes stored")]
+    TooLarge {
+        /// The answer's head.
+        head: http::response::Parts,
+        /// What was read of the body.
+        prefix: Bytes,
+        /// The rest of the body, streamed to the client.
+        rest: Incoming,
+        /// The limit passed.
+        limit: usize,
+    },
+}
+
+/// The answer the attempt got, kept for the client that caused it even
+/// when it cannot be stored.
+type Slot = Arc<Mutex<Option<Answer>>>;
+
+/// Coordinates one request whose body is `body`.
+pub async fn run(
+    proxy: Arc<Proxy>,
+    route: Route,
+    key: IdempotencyKey,
+    head: Parts,
+    body: Bytes,
+    held: tokio::sync::OwnedSemaphorePermit,
+) -> (Response<ProxyBody>, Outcome) {
+    let fingerprint = fingerprint::of(&fingerprint::Request {
+        method: &head.method,
+        path_and_query: head.uri.path_and_query().map_or("/", |p| p.as_str()),
+        headers: &head.headers,
+        named: &route.fingerprint_headers,
+        body: &body,
+        canonical_json: route.canonical_json,
+    });
+    let tenant = proxy.settings.tenant_header.as_ref().map(|name| {
+        head.headers
+            .get(name)
+            .map(|v| v.as_bytes().to_vec())
+            .unwrap_or_default()
+    });
+    let coordinator_key = key.coordinator_key(tenant.as_deref());
+    let settings = &proxy.settings;
+    let wait = key::prefer_wait(&head.headers)
+        .map(Duration::from_secs)
+        .map_or(Duration::ZERO, |w| w.min(settings.max_wait));
+    let options = RunOptions {
+        lease_ttl: settings.lease_ttl,
+        wait,
+        max_attempts: settings.max_attempts,
+        retention: settings.retention,
+        ..RunOptions::default()
+    };
+    let slot: Slot = Arc::default();
+    let task = {
+        let (proxy, route, slot) = (Arc::clone(&proxy), route.clone(), Arc::clone(&slot));
+        // Its own task: the client hanging up drops this handler, not the
+        // upstream call nor the recording of its outcome.
+        tokio::spawn(async move {
+            let work = |lease| attempt(&proxy, &route, lease, head, body, &slot);
+            let decided = proxy
+                .coordinator
+                .run_once_with_codec(
+                    &ResponseCodec,
+                    &route.scope,
+                    &coordinator_key,
+                    fingerprint,
+                    &options,
+                    work,
+                )
+                .await;
+            // The body's room in the budget, held as long as the body.
+            drop(held);
+            decided
+        })
+    };
+    let decided = match task.await {
+        Ok(decided) => decided,
+        Err(error) => {
+            tracing::error!(%error, "a coordinated request's task failed");
+            return problem(
+                &proxy,
+                Problem::CoordinatorUnavailable,
+                "internal error",
+                None,
+            );
+        }
+    };
+    let kept = slot.lock().ok().and_then(|mut s| s.take());
+    answer(&proxy, &route, decided, kept)
+}
+
+/// One run of the upstream under `lease`: the answer to store, or why
+/// there is none.
+async fn attempt(
+    proxy: &Proxy,
+    route: &Route,
+    lease: Lease,
+    head: Parts,
+    body: Bytes,
+    slot: &Slot,
+) -> Result<StoredResponse, WorkError<Failure>> {
+    let started = Instant::now();
+    let extra = vec![
+        (FENCING_TOKEN, HeaderValue::from(lease.fencing_token())),
+        (ATTEMPT, HeaderValue::from(lease.attempt())),
+    ];
+    let mut request = Request::from_parts(head, body::full(body));
+    // The body is already here: the upstream need not ask for it.
+    request.headers_mut().remove(http::header::EXPECT);
+    let upstream = &proxy.upstream;
+    let response = upstream
+        .send(request, extra)
+        .await
+        .map_err(|e| proxy.retryable(Failure::Upstream(e)))?;
+    let (mut head, incoming) = response.into_parts();
+    strip_hop_by_hop(&mut head.headers);
+    let stored_headers: Vec<_> = head
+        .headers
+        .iter()
+        .filter(|(name, _)| !is_hop_by_hop(name) && route.store_headers.allows(name))
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect();
+    let limit = proxy.settings.max_stored_bytes;
+    let budget = limit.saturating_sub(StoredResponse::encoded_len(&stored_headers, 0));
+    let left = upstream.timeout.saturating_sub(started.elapsed());
+    let read = match tokio::time::timeout(left, body::read_limited(incoming, budget)).await {
+        Ok(Ok(read)) => read,
+        Ok(Err(e)) => {
+            let error = UpstreamError::Unreachable(format!("the body broke off: {e}"));
+            return Err(proxy.retryable(Failure::Upstream(error)));
+        }
+        Err(_) => {
+            let error = UpstreamError::Timeout(upstream.timeout);
+            return Err(proxy.retryable(Failure::Upstream(error)));
+        }
+    };
+    proxy.metrics.upstream_latency(started.elapsed());
+    let body = match read {
+        Read::Whole(body) => body,
+        Read::Over(prefix, rest) => {
+            let failure = Failure::TooLarge {
+                head,
+                prefix,
+                rest,
+                limit,
+            };
+            return Err(WorkError::Release(failure));
+        }
+    };
+    let answer = Answer {
+        status: head.status,
+        headers: head.headers,
+        body: body.clone(),
+    };
+    if upstream.is_retryable(answer.status) {
+        let after = key::retry_after_seconds(&answer.headers)
+            .map_or(proxy.settings.failure_retry_after, Duration::from_secs);
+        return Err(WorkError::RetryAfter(Failure::Status(answer), after));
+    }
+    let status = answer.status;
+    if let Ok(mut kept) = slot.lock() {
+        *kept = Some(answer);
+    }
+    Ok(StoredResponse {
+        status,
+        headers: stored_headers,
+        body,
+    })
+}
+
+impl Proxy {
+    /// A failure the key's next request retries, after
+    /// `--failure-retry-after`.
+    fn retryable(&self, failure: Failure) -> WorkError<Failure> {
+        WorkError::RetryAfter(failure, self.settings.failure_retry_after)
+    }
+}
+
+/// The client's answer to what the coordinator decided.
+fn answer(
+    proxy: &Proxy,
+    route: &Route,
+    decided: Result<Done<StoredResponse>, RunOnceError<Failure>>,
+    kept: Option<Answer>,
+) -> (Response<ProxyBody>, Outcome) {
+    let retry = |after: Option<Duration>| Some(after.unwrap_or(Duration::from_secs(1)));
+    match decided {
+        Ok(done) if done.replayed => {
+            proxy.metrics.replay(&route.name);
+            (replay(done.value), "replayed")
+        }
+        Ok(done) => {
+            let answer = kept.unwrap_or_else(|| Answer {
+                status: done.value.status,
+                headers: done.value.header_map(),
+                body: done.value.body,
+            });
+            (respond(answer), "stored")
+        }
+        Err(RunOnceError::Work(failure)) => failed(proxy, route, failure),
+        Err(RunOnceError::InProgress { retry_after, .. }) => {
+            let detail = "another request with this key is being answered; retry later, or send Prefer: wait=N";
+            problem(proxy, Problem::InProgress, detail, retry(retry_after))
+        }
+        Err(RunOnceError::RetryLater { retry_after, .. }) => {
+            let detail = "the last attempt with this key failed and may be retried later";
+            problem(proxy, Problem::RetryLater, detail, retry(retry_after))
+        }
+        Err(RunOnceError::Conflict { .. }) => {
+            let detail = "this key was first used with a different request (method, path, body or named headers)";
+            problem(proxy, Problem::FingerprintMismatch, detail, None)
+        }
+        Err(RunOnceError::Exhausted { last_error, .. }) => {
+            let detail = format!("no attempts left for this key; last error: {last_error}");
+            problem(proxy, Problem::AttemptsExhausted, &detail, None)
+        }
+        Err(error @ (RunOnceError::LeaseLost | RunOnceError::Codec(_) | RunOnceError::Call(_))) => {
+            unrecorded(proxy, &error, kept)
+        }
+    }
+}
+
+/// The coordinator did not record this request's outcome: the upstream's
+/// answer when there is one (the key will run again), else a problem.
+fn unrecorded(
+    proxy: &Proxy,
+    error: &RunOnceError<Failure>,
+    kept: Option<Answer>,
+) -> (Response<ProxyBody>, Outcome) {
+    tracing::warn!(%error, answered = kept.is_some(), "an outcome was not recorded");
+    if let Some(answer) = kept {
+        return (respond(answer), "unrecorded");
+    }
+    match error {
+        RunOnceError::LeaseLost => problem(
+            proxy,
+            Problem::LeaseLost,
+            "the lease on this key ran out before the answer was stored; retry",
+            Some(Duration::from_secs(1)),
+        ),
+        other => problem(
+            proxy,
+            Problem::CoordinatorUnavailable,
+            &other.to_string(),
+            Some(Duration::from_secs(1)),
+        ),
+    }
+}
+
+/// The answer to an attempt that stored nothing.
+fn failed(proxy: &Proxy, route: &Route, failure: Failure) -> (Response<ProxyBody>, Outcome) {
+    match failure {
+        Failure::Status(answer) => (respond(answer), "upstream_failure"),
+        Failure::Upstream(error) => proxy.upstream_problem(&error),
+        Failure::TooLarge {
+            head,
+            prefix,
+            rest,
+            limit,
+        } => {
+            tracing::warn!(
+                route = %route.name,
+                status = head.status.as_u16(),
+                limit,
+                "an answer too large to store was passed through and its key released"
+            );
+            proxy.metrics.too_large(&route.name);
+            let response = Response::from_parts(head, body::chain(prefix, rest));
+            (response, "too_large")
+        }
+    }
+}
+
+fn problem(
+    proxy: &Proxy,
+    kind: Problem,
+    detail: &str,
+    retry_after: Option<Duration>,
+) -> (Response<ProxyBody>, Outcome) {
+    (
+        proxy.problems.respond(kind, detail, retry_after),
+        kind.anchor(),
+    )
+}
+
+fn respond(answer: Answer) -> Response<ProxyBody> {
+    let mut response = Response::new(body::full(answer.body));
+    *response.status_mut() = answer.status;
+    *response.headers_mut() = answer.headers;
+    response
+}
+
+/// A stored answer, byte for byte, marked as a replay.
+fn replay(stored: StoredResponse) -> Response<ProxyBody> {
+    let mut headers = stored.header_map();
+    headers.insert(REPLAYED, HeaderValue::from_static("true"));
+    let mut response = Response::new(body::full(stored.body));
+    *response.status_mut() = stored.status;
+    *response.headers_mut() = headers;
+    response
+}

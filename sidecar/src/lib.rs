@@ -1,0 +1,174 @@
+//! `idempotency-sidecar`: an HTTP reverse proxy that gives any HTTP API
+//! `Idempotency-Key` semantics, with the idempotency coordinator deciding
+//! through its Rust client library. See docs/sidecar.md.
+//!
+//! # Layout
+//!
+//! - [`config`]: flags and their defaults; bad values refused at start.
+//! - [`routes`]: which requests are coordinated, under which scope, and
+//!   what their fingerprint covers and their stored answer keeps.
+//! - [`key`]: the `Idempotency-Key` header (sf-string or token), accepted
+//!   or refused; `Prefer: wait`; the tenant's namespace.
+//! - [`fingerprint`]: what makes a request "the same request".
+//! - [`proxy`]: one request, start to end; pass-through streaming.
+//! - [`coordinate`]: the coordinator's decision and its answer; the upstream
+//!   call in a task of its own; what is stored, failed or released.
+//! - [`upstream`]: the HTTP client; hop-by-hop headers; retryable statuses.
+//! - [`stored`]: the stored answer's byte format.
+//! - [`problem`]: RFC 9457 problem answers.
+//! - [`body`]: bounded body reading.
+//! - [`server`]: the client listener, its limits and drain.
+//! - [`ops`]: readiness following the coordinator; the metrics listener.
+//! - [`metrics`]: what is counted.
+
+pub mod body;
+pub mod config;
+pub mod coordinate;
+pub mod fingerprint;
+pub mod key;
+pub mod metrics;
+pub mod ops;
+pub mod problem;
+pub mod proxy;
+pub mod routes;
+pub mod server;
+pub mod stored;
+pub mod upstream;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use idempotency_client::ConnectError;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Args, ConfigError};
+use crate::metrics::Metrics;
+use crate::ops::Readiness;
+use crate::problem::Problems;
+use crate::proxy::Proxy;
+use crate::upstream::Upstream;
+
+/// Why the sidecar could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A flag is wrong.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The coordinator's endpoint or credentials are unusable.
+    #[error("coordinator: {0}")]
+    Coordinator(#[from] ConnectError),
+    /// A listener could not be bound.
+    #[error("binding {addr}: {error}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        error: std::io::Error,
+    },
+}
+
+/// A running sidecar.
+pub struct Running {
+    /// Where clients connect.
+    pub addr: SocketAddr,
+    /// Where metrics and health are served.
+    pub metrics_addr: SocketAddr,
+    draining: CancellationToken,
+    served: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Stops accepting clients and drains (readiness turns 503 at once).
+    pub fn drain(&self) {
+        self.draining.cancel();
+    }
+
+    /// Resolves when the drain is over and everything has stopped.
+    pub async fn stopped(self) {
+        let _ = self.served.await;
+    }
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|error| StartError::Bind { addr, error })
+}
+
+/// Starts the sidecar `args` describe: binds both listeners, connects
+/// (lazily) to the coordinator, and serves until [`Running::drain`].
+pub async fn start(args: &Args) -> Result<Running, StartError> {
+    let routes = args.routes()?;
+    let settings = args.settings()?;
+    let budget_kib = settings.body_budget_kib;
+    let upstream = Upstream::new(
+        args.upstream_base()?,
+        args.upstream_h2c,
+        args.upstream_timeout.into(),
+        args.retry_statuses()?,
+    );
+    let options = args.coordinator_options()?;
+    let health_channel = args.health_endpoint(&options)?.connect_lazy();
+    let coordinator = idempotency_client::Client::connect_lazy(args.coordinator.clone(), options)?;
+    let metrics = Metrics::default();
+    let proxy = Arc::new(Proxy {
+        routes,
+        upstream,
+        coordinator,
+        settings,
+        problems: Problems {
+            base: args.problem_docs.clone(),
+        },
+        metrics: metrics.clone(),
+        body_budget: Arc::new(tokio::sync::Semaphore::new(budget_kib as usize)),
+    });
+    let listener = bind(args.listen).await?;
+    let metrics_listener = bind(args.metrics_listen).await?;
+    let addr = listener.local_addr().map_err(|error| StartError::Bind {
+        addr: args.listen,
+        error,
+    })?;
+    let metrics_addr = metrics_listener
+        .local_addr()
+        .map_err(|error| StartError::Bind {
+            addr: args.metrics_listen,
+            error,
+        })?;
+    let draining = CancellationToken::new();
+    let stop = CancellationToken::new();
+    let readiness = Readiness::default();
+    tokio::spawn(ops::follow_health(
+        health_channel,
+        args.health_interval.into(),
+        readiness.clone(),
+        metrics.clone(),
+        stop.clone(),
+    ));
+    tokio::spawn(ops::serve(
+        metrics_listener,
+        metrics,
+        readiness,
+        draining.clone(),
+        stop.clone(),
+    ));
+    let limits = server::Limits {
+        max_connections: args.max_connections,
+        max_streams: args.max_streams,
+        header_read_timeout: args.header_read_timeout.into(),
+        drain_timeout: args.drain_timeout.into(),
+    };
+    let served = tokio::spawn({
+        let draining = draining.clone();
+        async move {
+            server::serve(listener, proxy, limits, draining).await;
+            stop.cancel();
+        }
+    });
+    Ok(Running {
+        addr,
+        metrics_addr,
+        draining,
+        served,
+    })
+}
