@@ -17,7 +17,8 @@
 //!   pipelined on a few shared connections, `store::mux`, or batched so that
 //!   Acquires and Completes that arrive together share one statement and one
 //!   commit, `store::batch` with arguments bound in `store::calls`; on
-//!   Citus one statement per node, by `store::shards`' map of the shards),
+//!   Citus one statement per node, by `store::shards`' map of the shards,
+//!   which also holds the shared connections straight to each node),
 //!   `store::maintenance` (sweeps, due records; on Citus per shard and per
 //!   key, `sql/citus/maintenance.sql`),
 //!   `store::admin` (the admin RPCs' actions, lists and summaries,
@@ -25,7 +26,8 @@
 //!   [`store::names`] (rows and the SQL functions' names into domain values),
 //!   `store::replays` (SUCCEEDED records answered from memory until shortly
 //!   before they expire), [`store::listener`] (the LISTEN connection and the
-//!   database's clock), [`store::probe`] (whether the connections calls use
+//!   database's clock; on Citus one session per node, each followed on its
+//!   own), [`store::probe`] (whether the connections calls use
 //!   answer: readiness, and replacing one that silently stopped),
 //!   [`store::migrate`] (applies `sql/`: the schema's numbered migrations
 //!   once each, then each function file that changed), [`store::citus`]
@@ -96,7 +98,8 @@
 //!   (Coordinator, health, and reflection in both versions from one
 //!   builder), `http_door`, `metrics_exporter`, `credentials` (reloaded on
 //!   SIGHUP), `database_work` (the listener, the probe, readiness following
-//!   both and the sweeper, once the database is ready), `lifecycle` (the
+//!   both, each Citus node's health, and the sweeper, once the database is
+//!   ready), `lifecycle` (the
 //!   wait, serving until shutdown, the drain) and `background`: one
 //!   supervisor for every background task, which all end on one
 //!   cancellation token, awaited within a bound, any that dies early logged
