@@ -9,8 +9,8 @@ use tokio_postgres::Row;
 
 use super::{CallTime, Store, StoreError, names, record_unless_refused, row};
 use crate::domain::{
-    AdminAction, AdminCommand, ListQuery, Record, RecordId, RecordLine, Refusal, ScopeCounts,
-    Status, Summary, Tenant,
+    AdminAction, AdminCommand, ListQuery, Record, RecordId, RecordLine, ScopeCounts, Status,
+    Summary, Tenant,
 };
 
 const ACT: &str = "SELECT a.outcome, (a.rec).*, idempotency_in_time($8, $7) AS in_time \
@@ -56,22 +56,7 @@ impl Store {
     /// Runs `idempotency_admin_delete`: the record as it was, or
     /// `Refused(NotFound)`.
     pub async fn admin_delete(&self, id: &RecordId, time: CallTime) -> Result<Record, StoreError> {
-        let stamp = self.stamp(&time)?;
-        let row = self
-            .query_one(
-                id.key.as_str(),
-                DELETE,
-                &[
-                    &id.tenant.as_str(),
-                    &id.scope.as_str(),
-                    &id.key.as_str(),
-                    &stamp.offset_ms,
-                    &stamp.deadline,
-                ],
-                time,
-            )
-            .await?
-            .ok_or(Refusal::NotFound)?;
+        let row = self.query_by_id(DELETE, id, time).await?;
         // This replica stops replaying it at once; others within
         // `replays::MAX_AGE`, when they read it again.
         if let Some(replays) = &self.replays {

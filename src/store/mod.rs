@@ -323,23 +323,27 @@ impl Store {
 
     /// The live record, or `Refused(NotFound)`.
     pub async fn get(&self, id: &RecordId, time: CallTime) -> Result<Record, StoreError> {
+        row::record(&self.query_by_id(GET, id, time).await?)
+    }
+
+    /// The row of `sql`, whose arguments are `id` (tenant, scope, key), the
+    /// clock offset and the deadline; `Refused(NotFound)` when it has none.
+    async fn query_by_id(
+        &self,
+        sql: &'static str,
+        id: &RecordId,
+        time: CallTime,
+    ) -> Result<Row, StoreError> {
         let stamp = self.stamp(&time)?;
-        let row = self
-            .query_one(
-                id.key.as_str(),
-                GET,
-                &[
-                    &id.tenant.as_str(),
-                    &id.scope.as_str(),
-                    &id.key.as_str(),
-                    &stamp.offset_ms,
-                    &stamp.deadline,
-                ],
-                time,
-            )
-            .await?
-            .ok_or(Refusal::NotFound)?;
-        row::record(&row)
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
+            &id.tenant.as_str(),
+            &id.scope.as_str(),
+            &id.key.as_str(),
+            &stamp.offset_ms,
+            &stamp.deadline,
+        ];
+        let row = self.query_one(id.key.as_str(), sql, &params, time).await?;
+        Ok(row.ok_or(Refusal::NotFound)?)
     }
 
     /// Marks the live record watched for `watch` (its changes notify) and
