@@ -75,7 +75,10 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-for bin in "$BIN_DIR/idempotency-coordinator" "$BIN_DIR/idempotency-sidecar" "$PEER_BIN"; do
+wants() { case " $PATHS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+BINS=("$BIN_DIR/idempotency-coordinator" "$BIN_DIR/idempotency-sidecar")
+if wants peer-redis || wants peer-redis-fsync; then BINS+=("$PEER_BIN"); fi
+for bin in "${BINS[@]}"; do
     [ -x "$bin" ] || die "missing $bin (see the top of this script)"
 done
 if ! command -v wrk >/dev/null || ! command -v redis-server >/dev/null; then
@@ -194,14 +197,18 @@ ENV
     wait_for "peer $name" curl -sf -X POST -H "idempotency-key: probe-$name" \
         -H 'content-type: application/json' -d '{}' "http://127.0.0.1:$port/URL_UPSTREAM"
 }
-start_redis redis "$REDIS_PORT" --appendonly no
-REDIS_PID=${PIDS[-1]}
-start_redis redis-fsync "$REDIS_FSYNC_PORT" --appendonly yes --appendfsync always
-REDIS_FSYNC_PID=${PIDS[-1]}
-start_peer peer "$PEER_PORT" "$REDIS_PORT"
-PEER_PID=${PIDS[-1]}
-start_peer peer-fsync "$PEER_FSYNC_PORT" "$REDIS_FSYNC_PORT"
-PEER_FSYNC_PID=${PIDS[-1]}
+if wants peer-redis; then
+    start_redis redis "$REDIS_PORT" --appendonly no
+    REDIS_PID=${PIDS[-1]}
+    start_peer peer "$PEER_PORT" "$REDIS_PORT"
+    PEER_PID=${PIDS[-1]}
+fi
+if wants peer-redis-fsync; then
+    start_redis redis-fsync "$REDIS_FSYNC_PORT" --appendonly yes --appendfsync always
+    REDIS_FSYNC_PID=${PIDS[-1]}
+    start_peer peer-fsync "$PEER_FSYNC_PORT" "$REDIS_FSYNC_PORT"
+    PEER_FSYNC_PID=${PIDS[-1]}
+fi
 
 # --- load: a fresh Idempotency-Key for every request -------------------------
 cat >"$WORK/post.lua" <<'LUA'
