@@ -69,6 +69,14 @@ impl Console {
         self.browser.type_into("input[name=token]", token).await;
         self.browser.type_into("input[name=operator]", "Ada").await;
         self.browser.click("button[type=submit]").await;
+        // The answer: the console (logged in) or the login page saying why
+        // not.
+        self.browser
+            .until_source_has(
+                &["Log out", "not an admin credential", "Unknown credential"],
+                Duration::from_secs(10),
+            )
+            .await;
     }
 }
 

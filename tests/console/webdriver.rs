@@ -277,6 +277,23 @@ impl Browser {
         }
     }
 
+    /// Waits up to `within` for the page's source to contain one of
+    /// `wanted` (a form's answer loads after the click that sent it).
+    pub async fn until_source_has(&self, wanted: &[&str], within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let source = self.source().await;
+            if wanted.iter().any(|w| source.contains(w)) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the page never showed any of {wanted:?}: {source}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     pub async fn quit(mut self) {
         let _ = self.call("DELETE", "", None).await;
         let _ = self.driver.kill().await;
