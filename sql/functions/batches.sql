@@ -1,16 +1,22 @@
--- Batched forms of idempotency_acquire and idempotency_complete: the calls
--- that reach one server together run in one statement, so in one transaction
--- with one commit (one WAL flush) for all of them.
+-- Group commit: the Acquires and Completes that reach one server together
+-- run in one statement, so in one transaction with one commit (one WAL
+-- flush) for all of them. A cycle's two calls (the Acquire of one caller,
+-- the Complete of another) thus share commits: one queue carries both kinds
+-- (src/store/batch.rs), and idempotency_call_batch decides both.
 --
--- Element i of every array belongs to call i; the calls are decided in array
--- order, each as the single-call function would decide it, and each sees the
--- effects of the calls before it (as if they had run one after the other:
--- every statement of a PL/pgSQL function sees what the earlier ones did).
--- The caller orders the calls by (tenant, scope, key), so every batch takes
--- its row locks in the same order and two batches never deadlock. Rows come
--- back tagged with the call's position (ord, from 1). If any call fails, the
--- whole batch rolls back and the server runs the calls one by one, so a
--- failing call never fails the others.
+-- Element i of every array belongs to call i, an Acquire where p_acquire[i]
+-- and a Complete otherwise (the other kind's arrays hold NULL there; the
+-- key's arrays, p_tenant, p_scope and p_key, are both kinds'). The calls are
+-- decided in array order, each as the single-call function would decide it,
+-- and each sees the effects of the calls before it (as if they had run one
+-- after the other: every statement of a PL/pgSQL function sees what the
+-- earlier ones did). The caller orders the calls by (tenant, scope, key),
+-- whatever their kind, so every batch takes its row locks in the same order
+-- and two batches never deadlock. Rows come back tagged with the call's
+-- position (ord, from 1), an Acquire's with decision and retry_after_ms, a
+-- Complete's with outcome. If any call fails, the whole batch rolls back and
+-- the server runs the calls one by one, so a failing call never fails the
+-- others.
 --
 -- The common cases are decided here, without calling the single-call
 -- function: a call that creates its record, and a Complete that records its
@@ -27,27 +33,50 @@
 -- - Complete SUCCESS: the UPDATE's conditions are idempotency_complete's
 --   for applying a success (a live row whose latest lease is the caller's
 --   and has not been completed), checked on the row as it is once locked.
---   The clock is read just before the UPDATE, not once the row is locked
---   (no clock call inside an UPDATE, which a sharded table refuses): so
---   that a Complete that waited for the lock never stores times older than
---   the row's, the UPDATE applies only to a row last changed before that
---   reading; a row changed since (by an ExtendLease, say) goes to
+--   The clock is read just before the UPDATE, not once the row is locked:
+--   so that a Complete that waited for the lock never stores times older
+--   than the row's, the UPDATE applies only to a row last changed before
+--   that reading; a row changed since (by an ExtendLease, say) goes to
 --   idempotency_complete, which reads the clock after the lock. Otherwise
---   idempotency_complete answers.
+--   idempotency_complete answers. With p_completes_alone (on Citus, which
+--   refuses the UPDATE's `v_now + k.retention`, a STABLE operator over a
+--   column, in an UPDATE of a distributed table), every Complete runs
+--   idempotency_complete: the same decisions, each success costing the row
+--   lock idempotency_complete takes before its UPDATE.
+--
+-- idempotency_acquire_batch and idempotency_complete_batch are the batch of
+-- one kind, kept for servers of the previous release during a rolling
+-- upgrade; this release sends idempotency_call_batch alone.
 
-CREATE OR REPLACE FUNCTION idempotency_acquire_batch(
+CREATE OR REPLACE FUNCTION idempotency_call_batch(
+    p_acquire         boolean[],
     p_tenant          text[],
     p_scope           text[],
     p_key             text[],
+    -- Acquires'
     p_fingerprint     text[],
     p_request_id      text[],
     p_lease_ms        bigint[],
     p_max_attempts    integer[],
     p_retention_ms    bigint[],
     p_watch_ms        bigint[],
+    -- Completes'
+    p_token           uuid[],
+    p_outcome         text[],
+    p_result          bytea[],
+    p_content_type    text[],
+    p_status_code     integer[],
+    p_result_ref      text[],
+    p_error           text[],
+    p_permanent       boolean[],
+    p_retry_after_ms  bigint[],
+    p_backoff_base_ms bigint[],
+    p_backoff_cap_ms  bigint[],
+    p_completes_alone boolean,
     p_clock_offset_ms bigint
 )
-RETURNS TABLE (ord integer, decision text, retry_after_ms bigint, rec idempotency_keys)
+RETURNS TABLE (ord integer, decision text, retry_after_ms bigint, outcome text,
+               rec idempotency_keys)
 LANGUAGE plpgsql AS $$
 DECLARE
     r     idempotency_keys;
@@ -55,7 +84,42 @@ DECLARE
 BEGIN
     FOR i IN 1 .. coalesce(array_length(p_key, 1), 0) LOOP
         ord := i;
+        decision := NULL;
         retry_after_ms := NULL;
+        outcome := NULL;
+        IF NOT p_acquire[i] THEN
+            IF p_outcome[i] = 'SUCCESS' AND NOT p_completes_alone THEN
+                v_now := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
+                UPDATE idempotency_keys k SET
+                    status = 'SUCCEEDED', lease_outcome = 'SUCCESS',
+                    lease_expires_at = NULL, next_retry_at = NULL,
+                    result = p_result[i], result_content_type = p_content_type[i],
+                    result_status_code = p_status_code[i], result_ref = p_result_ref[i],
+                    completed_at = v_now, updated_at = v_now, expires_at = v_now + k.retention
+                 WHERE k.tenant = p_tenant[i] AND k.scope = p_scope[i] AND k.idempotency_key = p_key[i]
+                   AND k.lease_token = p_token[i] AND k.lease_outcome IS NULL
+                   AND k.expires_at > v_now AND k.updated_at <= v_now
+                RETURNING * INTO r;
+                IF FOUND THEN
+                    IF r.watch_until > v_now THEN
+                        PERFORM idempotency_notify_if_watched(r, v_now);
+                    END IF;
+                    outcome := 'OK';
+                    rec := r;
+                    RETURN NEXT;
+                    CONTINUE;
+                END IF;
+            END IF;
+            RETURN QUERY
+                SELECT i, NULL::text, NULL::bigint, c.outcome, c.rec
+                  FROM idempotency_complete(p_tenant[i], p_scope[i], p_key[i], p_token[i],
+                                            p_outcome[i], p_result[i], p_content_type[i],
+                                            p_status_code[i], p_result_ref[i], p_error[i],
+                                            p_permanent[i], p_retry_after_ms[i],
+                                            p_backoff_base_ms[i], p_backoff_cap_ms[i],
+                                            p_clock_offset_ms) c;
+            CONTINUE;
+        END IF;
         SELECT * INTO r FROM idempotency_keys k
          WHERE k.tenant = p_tenant[i] AND k.scope = p_scope[i] AND k.idempotency_key = p_key[i];
         v_now := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
@@ -89,12 +153,34 @@ BEGIN
             END IF;
         END IF;
         RETURN QUERY
-            SELECT i, a.decision, a.retry_after_ms, a.rec
+            SELECT i, a.decision, a.retry_after_ms, NULL::text, a.rec
               FROM idempotency_acquire(p_tenant[i], p_scope[i], p_key[i], p_fingerprint[i],
                                        p_request_id[i], p_lease_ms[i], p_max_attempts[i],
                                        p_retention_ms[i], p_watch_ms[i], p_clock_offset_ms) a;
     END LOOP;
 END;
+$$;
+
+CREATE OR REPLACE FUNCTION idempotency_acquire_batch(
+    p_tenant          text[],
+    p_scope           text[],
+    p_key             text[],
+    p_fingerprint     text[],
+    p_request_id      text[],
+    p_lease_ms        bigint[],
+    p_max_attempts    integer[],
+    p_retention_ms    bigint[],
+    p_watch_ms        bigint[],
+    p_clock_offset_ms bigint
+)
+RETURNS TABLE (ord integer, decision text, retry_after_ms bigint, rec idempotency_keys)
+LANGUAGE sql AS $$
+    SELECT b.ord, b.decision, b.retry_after_ms, b.rec
+      FROM idempotency_call_batch(
+               array_fill(true, ARRAY[cardinality(p_key)]), p_tenant, p_scope, p_key,
+               p_fingerprint, p_request_id, p_lease_ms, p_max_attempts, p_retention_ms,
+               p_watch_ms, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+               false, p_clock_offset_ms) b
 $$;
 
 CREATE OR REPLACE FUNCTION idempotency_complete_batch(
@@ -115,43 +201,12 @@ CREATE OR REPLACE FUNCTION idempotency_complete_batch(
     p_clock_offset_ms bigint
 )
 RETURNS TABLE (ord integer, outcome text, rec idempotency_keys)
-LANGUAGE plpgsql AS $$
-DECLARE
-    r     idempotency_keys;
-    v_now timestamptz;
-BEGIN
-    FOR i IN 1 .. coalesce(array_length(p_key, 1), 0) LOOP
-        IF p_outcome[i] = 'SUCCESS' THEN
-            v_now := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
-            UPDATE idempotency_keys k SET
-                status = 'SUCCEEDED', lease_outcome = 'SUCCESS',
-                lease_expires_at = NULL, next_retry_at = NULL,
-                result = p_result[i], result_content_type = p_content_type[i],
-                result_status_code = p_status_code[i], result_ref = p_result_ref[i],
-                completed_at = v_now, updated_at = v_now, expires_at = v_now + k.retention
-             WHERE k.tenant = p_tenant[i] AND k.scope = p_scope[i] AND k.idempotency_key = p_key[i]
-               AND k.lease_token = p_token[i] AND k.lease_outcome IS NULL
-               AND k.expires_at > v_now AND k.updated_at <= v_now
-            RETURNING * INTO r;
-            IF FOUND THEN
-                IF r.watch_until > v_now THEN
-                    PERFORM idempotency_notify_if_watched(r, v_now);
-                END IF;
-                ord := i;
-                outcome := 'OK';
-                rec := r;
-                RETURN NEXT;
-                CONTINUE;
-            END IF;
-        END IF;
-        RETURN QUERY
-            SELECT i, c.outcome, c.rec
-              FROM idempotency_complete(p_tenant[i], p_scope[i], p_key[i], p_token[i],
-                                        p_outcome[i], p_result[i], p_content_type[i],
-                                        p_status_code[i], p_result_ref[i], p_error[i],
-                                        p_permanent[i], p_retry_after_ms[i],
-                                        p_backoff_base_ms[i], p_backoff_cap_ms[i],
-                                        p_clock_offset_ms) c;
-    END LOOP;
-END;
+LANGUAGE sql AS $$
+    SELECT b.ord, b.outcome, b.rec
+      FROM idempotency_call_batch(
+               array_fill(false, ARRAY[cardinality(p_key)]), p_tenant, p_scope, p_key,
+               NULL, NULL, NULL, NULL, NULL, NULL, p_token, p_outcome, p_result,
+               p_content_type, p_status_code, p_result_ref, p_error, p_permanent,
+               p_retry_after_ms, p_backoff_base_ms, p_backoff_cap_ms, false,
+               p_clock_offset_ms) b
 $$;

@@ -92,7 +92,7 @@ impl Store {
                 .database_errors
                 .get_or_create(&KindLabels { kind: kind.label() });
         }
-        for kind in [BatchKind::Acquire, BatchKind::Complete] {
+        for kind in BatchKind::ALL {
             let labels = KindLabels { kind: kind.label() };
             let _ = self.batch_size.get_or_create(&labels);
             let _ = self.group_commits.get_or_create(&labels);
@@ -167,6 +167,8 @@ pub enum BatchKind {
 }
 
 impl BatchKind {
+    pub const ALL: [BatchKind; 2] = [BatchKind::Acquire, BatchKind::Complete];
+
     fn label(self) -> &'static str {
         match self {
             BatchKind::Acquire => "acquire",
@@ -175,8 +177,9 @@ impl BatchKind {
     }
 }
 
-/// A batch worker sends one statement carrying `calls` calls (0: none was
-/// left to run, and nothing is counted).
+/// A batch worker sends one statement carrying `calls` calls of `kind` (0:
+/// none of that kind, and nothing is counted for it). One statement may
+/// carry both kinds; each is counted as its own batch.
 pub fn batch_ran(kind: BatchKind, calls: usize) {
     if calls == 0 {
         return;

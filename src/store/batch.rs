@@ -1,8 +1,10 @@
-//! Group commit for the hot calls: Acquires (and Completes) that reach this
+//! Group commit for the hot calls: Acquires and Completes that reach this
 //! server together run as one statement of `sql/functions/batches.sql`, so in one
-//! transaction with one commit for all of them.
+//! transaction with one commit for all of them. Both kinds share one queue
+//! (`calls::HotCall`): a cycle's Acquire and another caller's Complete
+//! share a commit.
 //!
-//! - **Never waits for company.** A few workers per kind take whatever calls
+//! - **Never waits for company.** A few workers take whatever calls
 //!   are queued the moment they are free; an idle server runs each call as
 //!   soon as it arrives, alone. Batches form only while every worker is busy,
 //!   which is exactly when sharing a commit pays.
@@ -27,7 +29,7 @@
 //! - **On Citus, one statement per node.** A batch's keys live on several
 //!   nodes; its calls are split by the node that holds each key's shard
 //!   (`shards`), and each group goes out as one routed statement
-//!   (`idempotency_acquire_batch_at`) that Citus delegates whole to that
+//!   (`idempotency_call_batch_at`) that Citus delegates whole to that
 //!   node: one local transaction and one commit there, the groups of one
 //!   batch sent together, each on a shared connection straight to its node
 //!   unless the server goes through the coordinator node. A group of one
@@ -53,15 +55,15 @@ use super::shards::{self, Routes, ShardMap};
 /// One call's arguments, owned so it can wait in the queue.
 pub(super) trait Call: Send + Sync + Sized + 'static {
     /// The single-call statement.
-    const ALONE: &'static str;
+    fn alone(&self) -> &'static str;
 
-    /// What metrics call this kind of call's batches.
-    const KIND: crate::metrics::BatchKind;
+    /// What metrics count this call's batches as.
+    fn kind(&self) -> crate::metrics::BatchKind;
 
     /// The row it concerns: batches lock rows in this order.
     fn row_key(&self) -> (&str, &str, &str);
 
-    /// The arguments of `ALONE`.
+    /// The arguments of `alone`.
     fn params<'a>(&'a self, stamp: &'a Stamp) -> impl AsRef<[&'a (dyn ToSql + Sync)]> + Send + 'a;
 
     /// Runs this call alone; one row, as the single-call function returns it.
@@ -72,7 +74,7 @@ pub(super) trait Call: Send + Sync + Sized + 'static {
     ) -> impl Future<Output = Result<Option<Row>, StoreError>> + Send + 'a {
         async move {
             shared
-                .query_opt(Self::ALONE, self.params(&stamp).as_ref())
+                .query_opt(self.alone(), self.params(&stamp).as_ref())
                 .await
         }
     }
@@ -396,7 +398,10 @@ async fn run_group<C: Call>(
     shared: &Arc<Shared>,
     routed: bool,
 ) {
-    crate::metrics::batch_ran(C::KIND, batch.len());
+    for kind in crate::metrics::BatchKind::ALL {
+        let calls = batch.iter().filter(|p| p.call.kind() == kind).count();
+        crate::metrics::batch_ran(kind, calls);
+    }
     let limit = settings.query_timeout;
     let stamp = stamp_by(settings, batch.iter().filter_map(|p| p.answer_by).min());
     if batch.len() <= 1 {

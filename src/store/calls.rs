@@ -1,6 +1,8 @@
 //! The two hot calls, Acquire and Complete, as owned arguments that either
 //! run alone (`idempotency_acquire`, `idempotency_complete`) or ride in a
-//! batch (`idempotency_acquire_batch`, `idempotency_complete_batch`). The
+//! batch together (`idempotency_call_batch`, `sql/functions/batches.sql`):
+//! one queue carries both kinds ([`HotCall`]), so that a cycle's Acquire and
+//! another caller's Complete share a statement and its commit. The
 //! arguments are bound in one place for both forms.
 //!
 //! Every statement ends with `idempotency_in_time(deadline, offset)` in its
@@ -14,9 +16,9 @@
 //! node holding the key with the check in it, which it cannot do for the
 //! subquery (it sends that as a parameter the node does not have).
 //!
-//! On Citus a batch goes out per node as `idempotency_acquire_batch_at`
-//! (`idempotency_complete_batch_at`, `sql/citus/batch_routes.sql`): the
-//! same arguments after a routing key (`$1`), the deadline checked inside.
+//! On Citus a batch goes out per node as `idempotency_call_batch_at`
+//! (`sql/citus/batch_routes.sql`): the same arguments after a routing key
+//! (`$1`), the deadline checked inside.
 
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
@@ -27,26 +29,33 @@ use super::mux::Shared;
 use super::names;
 use super::{StoreError, millis};
 use crate::domain::{AcquireCommand, Backoff, CompleteCommand, Outcome};
+use crate::metrics::BatchKind;
 
 /// `idempotency_acquire`, its ten arguments bound in `AcquireCall::params`'s
 /// order, then the deadline (`$11`, a `timestamptz` or NULL).
 pub const ACQUIRE: &str = "SELECT a.decision, a.retry_after_ms, (a.rec).*, \
      idempotency_in_time($11, $10) AS in_time \
      FROM idempotency_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) a";
-const ACQUIRE_BATCH: &str = "SELECT b.ord, b.decision, b.retry_after_ms, (b.rec).*, \
-     (SELECT idempotency_in_time($11, $10)) AS in_time \
-     FROM idempotency_acquire_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) b";
-const ACQUIRE_BATCH_AT: &str = "SELECT b.ord, b.decision, b.retry_after_ms, (b.rec).* \
-     FROM idempotency_acquire_batch_at($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) b";
 /// `idempotency_complete`, its fifteen arguments bound in
 /// `CompleteCall::params`'s order, then the deadline (`$16`).
 pub const COMPLETE: &str = "SELECT c.outcome, (c.rec).*, idempotency_in_time($16, $15) AS in_time \
      FROM idempotency_complete($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) c";
-const COMPLETE_BATCH: &str = "SELECT b.ord, b.outcome, (b.rec).*, (SELECT idempotency_in_time($16, $15)) AS in_time \
-     FROM idempotency_complete_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) b";
-const COMPLETE_BATCH_AT: &str = "SELECT b.ord, b.outcome, (b.rec).* \
-     FROM idempotency_complete_batch_at($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
-     $14, $15, $16, $17) b";
+/// `idempotency_call_batch`: the 21 arrays of `HotCall::many`, the clock
+/// offset (`$22`) and the deadline (`$23`).
+const CALL_BATCH: &str = "SELECT b.ord, b.decision, b.retry_after_ms, b.outcome, (b.rec).*, \
+     (SELECT idempotency_in_time($23, $22)) AS in_time \
+     FROM idempotency_call_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, \
+     $15, $16, $17, $18, $19, $20, $21, false, $22) b";
+const CALL_BATCH_AT: &str = "SELECT b.ord, b.decision, b.retry_after_ms, b.outcome, (b.rec).* \
+     FROM idempotency_call_batch_at($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, \
+     $15, $16, $17, $18, $19, $20, $21, $22, $23, $24) b";
+
+/// A hot call queued for a batch: both kinds share one queue and one
+/// statement.
+pub(super) enum HotCall {
+    Acquire(AcquireCall),
+    Complete(CompleteCall),
+}
 
 /// `idempotency_acquire`'s arguments but the clock offset.
 pub(super) struct AcquireCall {
@@ -78,40 +87,9 @@ impl AcquireCall {
     }
 }
 
-/// One column of a batch: field `f` of every call.
-fn column<'a, C, T: 'a>(calls: &'a [&'a C], f: impl Fn(&'a C) -> T) -> Vec<T> {
-    calls.iter().map(|c| f(c)).collect()
-}
-
-/// Runs a batch's statement: `alone`'s with `args`, or with a routing key
-/// `at`'s with the key first.
-async fn batch_query(
-    shared: &Shared,
-    (alone, at): (&'static str, &'static str),
-    route: Option<&str>,
-    args: &[&(dyn ToSql + Sync)],
-) -> Result<Vec<Row>, StoreError> {
-    match route {
-        None => shared.query(alone, args).await,
-        Some(route) => {
-            let mut routed: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(args.len() + 1);
-            routed.push(&route);
-            routed.extend_from_slice(args);
-            shared.query(at, &routed).await
-        }
-    }
-}
-
-impl Call for AcquireCall {
-    const ALONE: &'static str = ACQUIRE;
-    const KIND: crate::metrics::BatchKind = crate::metrics::BatchKind::Acquire;
-
-    fn row_key(&self) -> (&str, &str, &str) {
-        (&self.tenant, &self.scope, &self.key)
-    }
-
-    fn params<'a>(&'a self, stamp: &'a Stamp) -> impl AsRef<[&'a (dyn ToSql + Sync)]> + Send + 'a {
-        let params: [&(dyn ToSql + Sync); _] = [
+impl AcquireCall {
+    fn params<'a>(&'a self, stamp: &'a Stamp) -> [&'a (dyn ToSql + Sync); 11] {
+        [
             &self.tenant,
             &self.scope,
             &self.key,
@@ -123,35 +101,7 @@ impl Call for AcquireCall {
             &self.watch_ms,
             &stamp.offset_ms,
             &stamp.deadline,
-        ];
-        params
-    }
-
-    async fn many(
-        calls: &[&Self],
-        route: Option<&str>,
-        shared: &Shared,
-        stamp: Stamp,
-    ) -> Result<Vec<Row>, StoreError> {
-        batch_query(
-            shared,
-            (ACQUIRE_BATCH, ACQUIRE_BATCH_AT),
-            route,
-            &[
-                &column(calls, |c| c.tenant.as_str()),
-                &column(calls, |c| c.scope.as_str()),
-                &column(calls, |c| c.key.as_str()),
-                &column(calls, |c| c.fingerprint.as_str()),
-                &column(calls, |c| c.request_id.as_str()),
-                &column(calls, |c| c.lease_ms),
-                &column(calls, |c| c.max_attempts),
-                &column(calls, |c| c.retention_ms),
-                &column(calls, |c| c.watch_ms),
-                &stamp.offset_ms,
-                &stamp.deadline,
-            ],
-        )
-        .await
+        ]
     }
 }
 
@@ -213,16 +163,9 @@ impl CompleteCall {
     }
 }
 
-impl Call for CompleteCall {
-    const ALONE: &'static str = COMPLETE;
-    const KIND: crate::metrics::BatchKind = crate::metrics::BatchKind::Complete;
-
-    fn row_key(&self) -> (&str, &str, &str) {
-        (&self.tenant, &self.scope, &self.key)
-    }
-
-    fn params<'a>(&'a self, stamp: &'a Stamp) -> impl AsRef<[&'a (dyn ToSql + Sync)]> + Send + 'a {
-        let params: [&(dyn ToSql + Sync); _] = [
+impl CompleteCall {
+    fn params<'a>(&'a self, stamp: &'a Stamp) -> [&'a (dyn ToSql + Sync); 16] {
+        [
             &self.tenant,
             &self.scope,
             &self.key,
@@ -239,8 +182,65 @@ impl Call for CompleteCall {
             &self.backoff_cap_ms,
             &stamp.offset_ms,
             &stamp.deadline,
-        ];
-        params
+        ]
+    }
+}
+
+/// One column of a batch: field `f` of every call.
+fn column<'a, T: 'a>(calls: &'a [&'a HotCall], f: impl Fn(&'a HotCall) -> T) -> Vec<T> {
+    calls.iter().map(|c| f(c)).collect()
+}
+
+/// One column of a batch's Acquires: NULL at a Complete's position.
+fn acquires<'a, T: 'a>(
+    calls: &'a [&'a HotCall],
+    f: impl Fn(&'a AcquireCall) -> T,
+) -> Vec<Option<T>> {
+    column(calls, |c| match c {
+        HotCall::Acquire(a) => Some(f(a)),
+        HotCall::Complete(_) => None,
+    })
+}
+
+/// One column of a batch's Completes: NULL at an Acquire's position.
+fn completes<'a, T: 'a>(
+    calls: &'a [&'a HotCall],
+    f: impl Fn(&'a CompleteCall) -> T,
+) -> Vec<Option<T>> {
+    column(calls, |c| match c {
+        HotCall::Complete(c) => Some(f(c)),
+        HotCall::Acquire(_) => None,
+    })
+}
+
+impl Call for HotCall {
+    fn alone(&self) -> &'static str {
+        match self {
+            HotCall::Acquire(_) => ACQUIRE,
+            HotCall::Complete(_) => COMPLETE,
+        }
+    }
+
+    fn kind(&self) -> BatchKind {
+        match self {
+            HotCall::Acquire(_) => BatchKind::Acquire,
+            HotCall::Complete(_) => BatchKind::Complete,
+        }
+    }
+
+    fn row_key(&self) -> (&str, &str, &str) {
+        let (tenant, scope, key) = match self {
+            HotCall::Acquire(a) => (&a.tenant, &a.scope, &a.key),
+            HotCall::Complete(c) => (&c.tenant, &c.scope, &c.key),
+        };
+        (tenant, scope, key)
+    }
+
+    fn params<'a>(&'a self, stamp: &'a Stamp) -> impl AsRef<[&'a (dyn ToSql + Sync)]> + Send + 'a {
+        match self {
+            HotCall::Acquire(a) => a.params(stamp).to_vec(),
+            HotCall::Complete(c) => c.params(stamp).to_vec(),
+        }
     }
 
     async fn many(
@@ -249,29 +249,42 @@ impl Call for CompleteCall {
         shared: &Shared,
         stamp: Stamp,
     ) -> Result<Vec<Row>, StoreError> {
-        batch_query(
-            shared,
-            (COMPLETE_BATCH, COMPLETE_BATCH_AT),
-            route,
-            &[
-                &column(calls, |c| c.tenant.as_str()),
-                &column(calls, |c| c.scope.as_str()),
-                &column(calls, |c| c.key.as_str()),
-                &column(calls, |c| c.token),
-                &column(calls, |c| c.outcome),
-                &column(calls, |c| c.result.as_slice()),
-                &column(calls, |c| c.content_type.as_str()),
-                &column(calls, |c| c.status_code),
-                &column(calls, |c| c.result_ref.as_str()),
-                &column(calls, |c| c.error.as_str()),
-                &column(calls, |c| c.permanent),
-                &column(calls, |c| c.retry_after_ms),
-                &column(calls, |c| c.backoff_base_ms),
-                &column(calls, |c| c.backoff_cap_ms),
-                &stamp.offset_ms,
-                &stamp.deadline,
-            ],
-        )
-        .await
+        let args: [&(dyn ToSql + Sync); 23] = [
+            &column(calls, |c| matches!(c, HotCall::Acquire(_))),
+            &column(calls, |c| c.row_key().0),
+            &column(calls, |c| c.row_key().1),
+            &column(calls, |c| c.row_key().2),
+            &acquires(calls, |a| a.fingerprint.as_str()),
+            &acquires(calls, |a| a.request_id.as_str()),
+            &acquires(calls, |a| a.lease_ms),
+            &acquires(calls, |a| a.max_attempts),
+            &acquires(calls, |a| a.retention_ms),
+            &acquires(calls, |a| a.watch_ms),
+            &completes(calls, |c| c.token),
+            &completes(calls, |c| c.outcome),
+            &completes(calls, |c| c.result.as_slice()),
+            &completes(calls, |c| c.content_type.as_str()),
+            &completes(calls, |c| c.status_code),
+            &completes(calls, |c| c.result_ref.as_str()),
+            &completes(calls, |c| c.error.as_str()),
+            &completes(calls, |c| c.permanent),
+            &column(calls, |c| match c {
+                HotCall::Complete(c) => c.retry_after_ms,
+                HotCall::Acquire(_) => None,
+            }),
+            &completes(calls, |c| c.backoff_base_ms),
+            &completes(calls, |c| c.backoff_cap_ms),
+            &stamp.offset_ms,
+            &stamp.deadline,
+        ];
+        match route {
+            None => shared.query(CALL_BATCH, &args).await,
+            Some(route) => {
+                let mut routed: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(args.len() + 1);
+                routed.push(&route);
+                routed.extend_from_slice(&args);
+                shared.query(CALL_BATCH_AT, &routed).await
+            }
+        }
     }
 }

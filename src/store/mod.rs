@@ -61,7 +61,7 @@ use deadpool_postgres::Pool;
 use tokio_postgres::Row;
 
 pub use admin::SUMMARY_CAP;
-use calls::{AcquireCall, CompleteCall};
+use calls::{AcquireCall, CompleteCall, HotCall};
 pub use maintenance::{ShardLimits, ShardSwept};
 use replays::Replays;
 use run::millis;
@@ -211,9 +211,7 @@ impl Store {
 
     /// Acquires and Completes waiting for a batch to carry them.
     pub fn queued_calls(&self) -> usize {
-        self.batches
-            .as_ref()
-            .map_or(0, |b| b.acquire.queued() + b.complete.queued())
+        self.batches.as_ref().map_or(0, |b| b.queued())
     }
 
     /// The pool's state: connections allowed, open and idle, and calls
@@ -254,8 +252,8 @@ impl Store {
         {
             return Ok(answer);
         }
-        let call = AcquireCall::new(cmd, watch)?;
-        let batch = self.batches().map(|b| &b.acquire);
+        let call = HotCall::Acquire(AcquireCall::new(cmd, watch)?);
+        let batch = self.batches();
         let row = self
             .run_call(call, batch, time)
             .await?
@@ -286,8 +284,8 @@ impl Store {
         backoff: Backoff,
         time: CallTime,
     ) -> Result<Record, StoreError> {
-        let call = CompleteCall::new(cmd, backoff);
-        let batch = self.batches().map(|b| &b.complete);
+        let call = HotCall::Complete(CompleteCall::new(cmd, backoff));
+        let batch = self.batches();
         let row = self.run_call(call, batch, time).await?;
         record_unless_refused(row)
     }

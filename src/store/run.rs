@@ -148,7 +148,7 @@ impl Store {
                 let stamp = self.stamp(&time)?;
                 self.query_one(
                     call.row_key().2,
-                    C::ALONE,
+                    call.alone(),
                     call.params(&stamp).as_ref(),
                     time,
                 )

@@ -7,7 +7,7 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 
-use super::calls::{AcquireCall, CompleteCall};
+use super::calls::HotCall;
 use super::clock::Clock;
 use super::connect_error::ConnectTarget;
 use super::replays::Replays;
@@ -38,10 +38,8 @@ pub struct StoreConfig {
     pub citus_direct: bool,
 }
 
-pub(super) struct Batches {
-    pub(super) acquire: batch::Coalescer<AcquireCall>,
-    pub(super) complete: batch::Coalescer<CompleteCall>,
-}
+/// The one queue Acquires and Completes share: a batch carries both kinds.
+pub(super) type Batches = batch::Coalescer<HotCall>;
 
 /// Parses a database URL and names our connections in `pg_stat_activity`.
 pub fn pg_config(database_url: &str) -> Result<tokio_postgres::Config, tokio_postgres::Error> {
@@ -113,7 +111,7 @@ impl Store {
                         "batching needs a running Tokio runtime".into(),
                     ));
                 }
-                let settings = || batch::Settings {
+                let settings = batch::Settings {
                     mux: Arc::clone(mux),
                     clock: clock.clone(),
                     workers: config.shared_connections,
@@ -121,10 +119,7 @@ impl Store {
                     query_timeout: config.query_timeout,
                     routes: Arc::clone(&routes),
                 };
-                Some(Arc::new(Batches {
-                    acquire: batch::Coalescer::start(settings()),
-                    complete: batch::Coalescer::start(settings()),
-                }))
+                Some(Arc::new(batch::Coalescer::start(settings)))
             }
             _ => None,
         };

@@ -17,8 +17,7 @@
 //! coordinator node does no work per call.
 //!
 //! The map is only ever a guess at where to send a call: each batch group
-//! goes out as one call of `idempotency_acquire_batch_at` (or
-//! `_complete_`), which Citus delegates to the node of its routing key and
+//! goes out as one call of `idempotency_call_batch_at`, which Citus delegates to the node of its routing key and
 //! whose statements Citus routes to wherever their rows live now; a single
 //! call is a delegated function call, routed the same way from whichever
 //! node receives it. A stale map (shards moved since it was read) thus

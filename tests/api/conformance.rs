@@ -44,6 +44,7 @@ mod shape;
 mod watch;
 
 use std::fmt::Debug;
+use std::future::Future;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -340,6 +341,34 @@ async fn assert_one_writer_per_node(db: &Database, keys: &[String]) {
         !writers.is_empty() && writers.iter().all(|n| *n == 1),
         "one statement per node wrote them all: writers per node {writers:?}"
     );
+}
+
+/// A Complete (success) of a lease taken on `key` now, to be queued beside
+/// the Acquires of a group commit: the statement then carries both kinds,
+/// as a cycle's calls share one on a busy server, and the compared answers
+/// must not change for it. The future passes once it answered OK.
+async fn companion_complete(server: &TestServer, key: &str) -> impl Future<Output = ()> + use<> {
+    let mut client = server.client.clone();
+    let token = token(&proceed(&mut client, acquire("s", key)).await);
+    let request = complete("s", key, &token, success(b"companion"));
+    async move {
+        let answer = client.complete(request).await;
+        assert!(
+            answer.is_ok(),
+            "the companion Complete succeeds: {answer:?}"
+        );
+    }
+}
+
+/// An Acquire of the new key `key`, to be queued beside the Completes of a
+/// group commit (see [`companion_complete`]). The future passes once it
+/// answered PROCEED.
+fn companion_acquire(server: &TestServer, key: &str) -> impl Future<Output = ()> + use<> {
+    let mut client = server.client.clone();
+    let request = acquire("s", key);
+    async move {
+        proceed(&mut client, request).await;
+    }
 }
 
 /// Answers compared with their reference, and the ones that disagree.

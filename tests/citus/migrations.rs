@@ -35,6 +35,7 @@ fn expected() -> Vec<(String, i32, bool)> {
         ("idempotency_acquire_batch_at", 0),
         ("idempotency_admin_act", 2),
         ("idempotency_admin_delete", 2),
+        ("idempotency_call_batch_at", 0),
         ("idempotency_complete", 2),
         ("idempotency_complete_batch_at", 0),
         ("idempotency_extend_lease", 2),

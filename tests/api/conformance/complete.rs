@@ -11,7 +11,9 @@ use tonic::Code;
 
 use super::shape::Shape;
 use super::watch::{Watched, Watcher};
-use super::{Servers, Tally, assert_one_writer_per_node, gated_servers, set_after_update};
+use super::{
+    Servers, Tally, assert_one_writer_per_node, companion_acquire, gated_servers, set_after_update,
+};
 use crate::backend::{self, Database};
 use crate::helpers::*;
 
@@ -359,7 +361,8 @@ async fn alone(server: &TestServer, sql: &Client, path: String) -> Vec<Seen> {
 }
 
 /// Every case on `gated`, the Completes compared queued together behind
-/// `gate` and run as one statement (per node).
+/// `gate` with an Acquire of a new key, and run as one statement (per
+/// node).
 async fn group_commit(
     gated: &TestServer,
     path: &str,
@@ -379,23 +382,38 @@ async fn group_commit(
             .await
             .expect("the gate call passes once opened");
     });
+    let companion_key = format!("companion-complete-{path}");
+    let companion = companion_acquire(gated, &companion_key);
     let calls = || {
-        CASES
+        let mut calls: Vec<_> = CASES
             .iter()
             .zip(&prepared)
             .map(|(case, (prepared, _))| {
                 let mut client = gated.client.clone();
                 let request = compared(case, prepared);
-                tokio::spawn(async move { client.complete(request).await.map(|r| r.into_inner()) })
+                tokio::spawn(
+                    async move { Some(client.complete(request).await.map(|r| r.into_inner())) },
+                )
             })
-            .collect()
+            .collect();
+        calls.push(tokio::spawn(async move {
+            companion.await;
+            None
+        }));
+        calls
     };
-    let answers = gate.batched(gated, gate_call, calls).await;
+    let answers: Vec<_> = gate
+        .batched(gated, gate_call, calls)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
     let written: Vec<String> = CASES
         .iter()
         .zip(&prepared)
         .filter(|(case, _)| case.writes())
         .map(|(_, (prepared, _))| prepared.key.clone())
+        .chain([companion_key])
         .collect();
     assert_one_writer_per_node(db, &written).await;
     seen(gated, prepared, answers).await

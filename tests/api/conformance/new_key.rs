@@ -8,7 +8,8 @@ use tokio_postgres::Client;
 
 use super::shape::{Answer, Shape, answer_and_row};
 use super::{
-    FINGERPRINTS, Servers, Tally, acquire_with, assert_one_writer_per_node, gated_servers,
+    FINGERPRINTS, Servers, Tally, acquire_with, assert_one_writer_per_node, companion_complete,
+    gated_servers,
 };
 use crate::backend::{self, Database};
 use crate::helpers::*;
@@ -63,8 +64,9 @@ async fn through(server: &TestServer, request: proto::AcquireRequest) -> (Answer
 }
 
 /// The Acquires of a new key for each fingerprint, queued together behind
-/// `gate` on `gated` (the server of `path`) and run as one statement (per
-/// node): the answers and the records Get reads after them.
+/// `gate` on `gated` (the server of `path`) with a Complete of another key,
+/// and run as one statement (per node): the answers and the records Get
+/// reads after them.
 async fn group_commit(
     gated: &TestServer,
     path: &str,
@@ -72,6 +74,8 @@ async fn group_commit(
     db: &Database,
 ) -> Vec<(Answer, Shape)> {
     let path = path.replace(' ', "-");
+    let companion_key = format!("companion-new-{path}");
+    let companion = companion_complete(gated, &companion_key).await;
     gate.shut().await;
     let gate_call = {
         let mut client = gated.client.clone();
@@ -88,17 +92,31 @@ async fn group_commit(
         .map(|fingerprint| format!("new-{fingerprint}-{path}"))
         .collect();
     let calls = || {
-        keys.iter()
+        let mut calls: Vec<_> = keys
+            .iter()
             .zip(FINGERPRINTS)
             .map(|(key, fingerprint)| {
                 let mut client = gated.client.clone();
                 let request = first_acquire(key, fingerprint);
-                tokio::spawn(async move { client.acquire(request).await.unwrap().into_inner() })
+                tokio::spawn(
+                    async move { Some(client.acquire(request).await.unwrap().into_inner()) },
+                )
             })
-            .collect()
+            .collect();
+        calls.push(tokio::spawn(async move {
+            companion.await;
+            None
+        }));
+        calls
     };
-    let answers = gate.batched(gated, gate_call, calls).await;
-    assert_one_writer_per_node(db, &keys).await;
+    let answers: Vec<_> = gate
+        .batched(gated, gate_call, calls)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    let written: Vec<String> = keys.iter().cloned().chain([companion_key]).collect();
+    assert_one_writer_per_node(db, &written).await;
     let mut seen = Vec::new();
     for (key, answer) in keys.iter().zip(answers) {
         let record = get_record(&mut gated.client.clone(), get_req("s", key)).await;
