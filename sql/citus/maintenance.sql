@@ -42,8 +42,13 @@ BEGIN
 
     IF p_dry_run THEN
         EXECUTE format(
-            'SELECT count(*) FROM (SELECT 1 FROM %s k
-              WHERE k.expires_at <= $1 AND ($2 IS NULL OR k.tenant = $2) LIMIT $3) x', p_shard)
+            'SELECT least($3, (SELECT count(*) FROM (SELECT 1 FROM %1$s k
+                                  WHERE k.status <> ''PROCESSING'' AND k.expires_at <= $1
+                                    AND ($2 IS NULL OR k.tenant = $2) LIMIT $3) x)
+                             + (SELECT count(*) FROM (SELECT 1 FROM %1$s k
+                                  WHERE k.status = ''PROCESSING'' AND k.lease_expires_at <= $1
+                                    AND k.expires_at <= $1
+                                    AND ($2 IS NULL OR k.tenant = $2) LIMIT $3) x))', p_shard)
            INTO v_expired USING p_now, p_tenant, p_expired_limit;
         EXECUTE format(
             'SELECT count(*) FROM (SELECT 1 FROM %s k
@@ -55,10 +60,12 @@ BEGIN
     END IF;
 
     IF p_expired_limit > 0 THEN
+        -- Settled rows, then PROCESSING ones, as idempotency_sweep_batch.
         EXECUTE format(
             'WITH victims AS (
                 SELECT k.tenant, k.scope, k.idempotency_key FROM %1$s k
-                 WHERE k.expires_at <= $1 AND ($2 IS NULL OR k.tenant = $2)
+                 WHERE k.status <> ''PROCESSING'' AND k.expires_at <= $1
+                   AND ($2 IS NULL OR k.tenant = $2)
                  ORDER BY k.expires_at
                  LIMIT $3
                    FOR UPDATE SKIP LOCKED
@@ -68,6 +75,22 @@ BEGIN
                AND k.idempotency_key = v.idempotency_key', p_shard)
            USING p_now, p_tenant, p_expired_limit;
         GET DIAGNOSTICS v_expired = ROW_COUNT;
+        EXECUTE format(
+            'WITH victims AS (
+                SELECT k.tenant, k.scope, k.idempotency_key FROM %1$s k
+                 WHERE k.status = ''PROCESSING'' AND k.lease_expires_at <= $1
+                   AND k.expires_at <= $1 AND ($2 IS NULL OR k.tenant = $2)
+                 ORDER BY k.lease_expires_at
+                 LIMIT $3
+                   FOR UPDATE SKIP LOCKED
+            ), deleted AS (
+                DELETE FROM %1$s k USING victims v
+                 WHERE k.tenant = v.tenant AND k.scope = v.scope
+                   AND k.idempotency_key = v.idempotency_key
+                RETURNING 1
+            )
+            SELECT $4 + count(*) FROM deleted', p_shard)
+           INTO v_expired USING p_now, p_tenant, p_expired_limit - v_expired, v_expired;
     END IF;
 
     IF p_lease_limit > 0 THEN

@@ -41,10 +41,17 @@ BEGIN
     swept := true;
 
     IF p_dry_run THEN
-        SELECT count(*) INTO expired_deleted FROM (
-            SELECT 1 FROM idempotency_keys k
-             WHERE k.expires_at <= v_now AND (p_tenant IS NULL OR k.tenant = p_tenant)
-             LIMIT p_limit) x;
+        SELECT least(p_limit, s.n + p.n) INTO expired_deleted
+          FROM (SELECT count(*) AS n FROM (
+                    SELECT 1 FROM idempotency_keys k
+                     WHERE k.status <> 'PROCESSING' AND k.expires_at <= v_now
+                       AND (p_tenant IS NULL OR k.tenant = p_tenant)
+                     LIMIT p_limit) x) s,
+               (SELECT count(*) AS n FROM (
+                    SELECT 1 FROM idempotency_keys k
+                     WHERE k.status = 'PROCESSING' AND k.lease_expires_at <= v_now
+                       AND k.expires_at <= v_now AND (p_tenant IS NULL OR k.tenant = p_tenant)
+                     LIMIT p_limit) x) p;
         SELECT count(*) INTO leases_reclaimed FROM (
             SELECT 1 FROM idempotency_keys k
              WHERE k.status = 'PROCESSING' AND k.lease_expires_at <= v_now
@@ -54,9 +61,14 @@ BEGIN
         RETURN;
     END IF;
 
+    -- Expired settled rows through idempotency_keys_settled_expiry, then
+    -- expired PROCESSING ones (rare: a lease runs out before its record
+    -- expires, and the sweeper reclaims it first) through
+    -- idempotency_keys_leases (sql/migrations/0003_settled_expiry.sql).
     WITH victims AS (
         SELECT k.tenant, k.scope, k.idempotency_key FROM idempotency_keys k
-         WHERE k.expires_at <= v_now AND (p_tenant IS NULL OR k.tenant = p_tenant)
+         WHERE k.status <> 'PROCESSING' AND k.expires_at <= v_now
+           AND (p_tenant IS NULL OR k.tenant = p_tenant)
          ORDER BY k.expires_at
          LIMIT p_limit
            FOR UPDATE SKIP LOCKED
@@ -64,6 +76,19 @@ BEGIN
     DELETE FROM idempotency_keys k USING victims v
      WHERE k.tenant = v.tenant AND k.scope = v.scope AND k.idempotency_key = v.idempotency_key;
     GET DIAGNOSTICS expired_deleted = ROW_COUNT;
+    WITH victims AS (
+        SELECT k.tenant, k.scope, k.idempotency_key FROM idempotency_keys k
+         WHERE k.status = 'PROCESSING' AND k.lease_expires_at <= v_now
+           AND k.expires_at <= v_now AND (p_tenant IS NULL OR k.tenant = p_tenant)
+         ORDER BY k.lease_expires_at
+         LIMIT p_limit - expired_deleted
+           FOR UPDATE SKIP LOCKED
+    ), deleted AS (
+        DELETE FROM idempotency_keys k USING victims v
+         WHERE k.tenant = v.tenant AND k.scope = v.scope AND k.idempotency_key = v.idempotency_key
+        RETURNING 1
+    )
+    SELECT expired_deleted + count(*) INTO expired_deleted FROM deleted;
 
     FOR r IN
         WITH dead AS (

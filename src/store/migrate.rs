@@ -82,6 +82,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "admin",
         sql: include_str!("../../sql/migrations/0002_admin.sql"),
     },
+    Migration {
+        version: 3,
+        name: "settled_expiry",
+        sql: include_str!("../../sql/migrations/0003_settled_expiry.sql"),
+    },
 ];
 
 /// One file of functions, applied again whenever its contents change.

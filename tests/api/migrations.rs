@@ -30,6 +30,11 @@ const RELEASED: &[(i32, &str, &str)] = &[
         "admin",
         "7d800ac6d386928a8ced3f50fb9aa1e4ea502ec6bf1f2f1de5830b44be0c8885",
     ),
+    (
+        3,
+        "settled_expiry",
+        "ca1819c7ad2e041efd3059b7f0b3dc7dd8a95de8301c6d76f8876670bf7a7e2c",
+    ),
 ];
 
 #[test]
