@@ -64,7 +64,7 @@ BEGIN
     -- Expired settled rows through idempotency_keys_settled_expiry, then
     -- expired PROCESSING ones (rare: a lease runs out before its record
     -- expires, and the sweeper reclaims it first) through
-    -- idempotency_keys_leases (sql/migrations/0003_settled_expiry.sql).
+    -- idempotency_keys_leases (sql/migrations/0003_less_wal_per_cycle.sql).
     WITH victims AS (
         SELECT k.tenant, k.scope, k.idempotency_key FROM idempotency_keys k
          WHERE k.status <> 'PROCESSING' AND k.expires_at <= v_now

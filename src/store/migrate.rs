@@ -84,8 +84,8 @@ pub const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 3,
-        name: "settled_expiry",
-        sql: include_str!("../../sql/migrations/0003_settled_expiry.sql"),
+        name: "less_wal_per_cycle",
+        sql: include_str!("../../sql/migrations/0003_less_wal_per_cycle.sql"),
     },
 ];
 

@@ -32,8 +32,8 @@ const RELEASED: &[(i32, &str, &str)] = &[
     ),
     (
         3,
-        "settled_expiry",
-        "ca1819c7ad2e041efd3059b7f0b3dc7dd8a95de8301c6d76f8876670bf7a7e2c",
+        "less_wal_per_cycle",
+        "69ca2de1101a270349e1b07c1d7d09647b0128899ea85870fd5909035bf6e222",
     ),
 ];
 

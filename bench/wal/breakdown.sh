@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Where a cycle's WAL goes, record type by record type. Starts a private
+# PostgreSQL (initdb in a scratch directory, default settings, fsync on),
+# loads the tree's schema and functions (sql/), runs cycles the way the
+# server's group commit does (bench/wal/cycles.sql: Acquires of new keys in
+# batches, then their Completes, each batch one transaction), and prints the WAL bytes per cycle from the insert
+# position and, from pg_waldump --stats=record over the same range, each
+# record type's count and bytes per cycle (full-page images apart).
+#
+# A private cluster because WAL is the whole cluster's: anything else
+# running on a shared PostgreSQL would be counted too. Deterministic where
+# the server's own runs drift: no network, no client, no scheduling; only
+# what the SQL writes. What it leaves out: commits are 2 per batch here
+# (the server's batches mix both kinds and vary in size), and a checkpoint
+# is taken before the warm-up, so the full-page images shown are those of
+# pages first touched by the measured cycles.
+#
+#   bash bench/wal/breakdown.sh            # 8,000 cycles, batches of 16
+#   CYCLES=16000 BATCH=32 WAL_COMPRESSION=lz4 FILLFACTOR=90 bash bench/wal/breakdown.sh
+#   SQL_FROM=/path/to/older/checkout bash bench/wal/breakdown.sh   # its sql/
+#
+# Needs PostgreSQL's server binaries (pg_config --bindir, or
+# /usr/lib/postgresql/15/bin); as root it runs the cluster as user postgres.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+cycles=${CYCLES:-8000}
+batch=${BATCH:-16}
+port=${PORT:-5519}
+bin=$(pg_config --bindir 2>/dev/null || echo /usr/lib/postgresql/15/bin)
+data=$(mktemp -d /tmp/wal-breakdown.XXXXXX)
+as_owner() {
+    if [ "$(id -u)" = 0 ]; then su postgres -s /bin/bash -c "$*"; else bash -c "$*"; fi
+}
+[ "$(id -u)" = 0 ] && chown postgres "$data"
+as_owner "'$bin/initdb' -D '$data/db' -A trust -U postgres >/dev/null"
+as_owner "'$bin/pg_ctl' -D '$data/db' -o '-p $port -k /tmp -c listen_addresses=127.0.0.1 -c wal_compression=${WAL_COMPRESSION:-off}' -l '$data/log' -w start >/dev/null"
+trap 'as_owner "\"$bin/pg_ctl\" -D \"$data/db\" -m immediate stop" >/dev/null 2>&1; rm -rf "$data"' EXIT
+psql_db() { psql "postgres://postgres@127.0.0.1:$port/postgres" -q -At -v ON_ERROR_STOP=1 "$@"; }
+sql=${SQL_FROM:-$root}/sql
+for f in "$sql"/migrations/*.sql "$sql"/functions/*.sql "$here/cycles.sql"; do
+    psql_db -f "$f" >/dev/null
+done
+if [ -n "${FILLFACTOR:-}" ]; then
+    psql_db -c "ALTER TABLE idempotency_keys SET (fillfactor = $FILLFACTOR)"
+fi
+psql_db -c "CHECKPOINT"
+# Warm up: the first batches extend the table and grow the indexes' roots.
+psql_db -c "CALL wal_cycles($((batch * 100)), $batch, 'warm')"
+start=$(psql_db -c "SELECT pg_current_wal_insert_lsn()")
+psql_db -c "CALL wal_cycles($cycles, $batch, 'run')"
+end=$(psql_db -c "SELECT pg_current_wal_insert_lsn()")
+bytes=$(psql_db -c "SELECT pg_wal_lsn_diff('$end', '$start')")
+echo "$cycles cycles in batches of $batch, wal_compression ${WAL_COMPRESSION:-off}, fillfactor ${FILLFACTOR:-as migrated}: $(awk -v b="$bytes" -v n="$cycles" 'BEGIN{printf "%.1f", b/n}') WAL bytes per cycle"
+printf '%-24s %10s %12s %12s\n' "record type" "per cycle" "bytes/cycle" "FPI b/cycle"
+as_owner "'$bin/pg_waldump' -p '$data/db/pg_wal' -s $start -e $end --stats=record" 2>/dev/null |
+    awk -v n="$cycles" '
+        { gsub(/\([^)]*\)/, "") }
+        $1 ~ /\// && $2 ~ /^[0-9]+$/ {
+            # type, count, record bytes, FPI bytes, combined bytes
+            printf "%-24s %10.3f %12.1f %12.1f\n", $1, $2 / n, $3 / n, $4 / n
+        }' | sort -k3 -nr | head -16

@@ -1,0 +1,40 @@
+-- Cycles as the server's group commit runs them: Acquires of new keys in
+-- batches of p_batch, each batch committed, then the batch's Completes
+-- (success, a small JSON result), committed. Through the batch functions of
+-- one kind (idempotency_acquire_batch, idempotency_complete_batch: each a
+-- call of idempotency_call_batch), which every release has, so that the
+-- same script measures an older tree too. Loaded by bench/wal/breakdown.sh.
+CREATE OR REPLACE PROCEDURE wal_cycles(p_cycles integer, p_batch integer, p_prefix text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_keys   text[];
+    v_tokens uuid[];
+    v_none   text[] := array_fill(''::text, ARRAY[p_batch]);
+BEGIN
+    FOR i IN 0 .. p_cycles / p_batch - 1 LOOP
+        SELECT array_agg(format('%s-%s-%s', p_prefix, i, g)) INTO v_keys
+          FROM generate_series(1, p_batch) g;
+        SELECT array_agg((b.rec).lease_token ORDER BY b.ord) INTO v_tokens
+          FROM idempotency_acquire_batch(
+                   array_fill('tenant'::text, ARRAY[p_batch]),
+                   array_fill('payments'::text, ARRAY[p_batch]), v_keys,
+                   array_fill(repeat('f', 64), ARRAY[p_batch]), v_none,
+                   array_fill(30000::bigint, ARRAY[p_batch]), array_fill(3, ARRAY[p_batch]),
+                   array_fill(86400000::bigint, ARRAY[p_batch]), array_fill(0::bigint, ARRAY[p_batch]),
+                   0) b;
+        COMMIT;
+        PERFORM 1
+          FROM idempotency_complete_batch(
+                   array_fill('tenant'::text, ARRAY[p_batch]),
+                   array_fill('payments'::text, ARRAY[p_batch]), v_keys, v_tokens,
+                   array_fill('SUCCESS'::text, ARRAY[p_batch]),
+                   array_fill(convert_to('{"charge":"ch_1","amount":1200}', 'UTF8'), ARRAY[p_batch]),
+                   array_fill('application/json'::text, ARRAY[p_batch]), array_fill(200, ARRAY[p_batch]),
+                   array_fill(''::text, ARRAY[p_batch]), array_fill(''::text, ARRAY[p_batch]),
+                   array_fill(false, ARRAY[p_batch]), array_fill(NULL::bigint, ARRAY[p_batch]),
+                   array_fill(100::bigint, ARRAY[p_batch]), array_fill(60000::bigint, ARRAY[p_batch]),
+                   0);
+        COMMIT;
+    END LOOP;
+END;
+$$;
