@@ -6,11 +6,17 @@
 #   peer-redis        idempotent-proxy-server 1.2.2 -> redis-server, no persistence
 #   peer-redis-fsync  idempotent-proxy-server 1.2.2 -> redis-server, appendonly yes
 #                     and appendfsync always
+#   sidecar-alt       (only when named in PATHS) a second sidecar on the same
+#                     coordinator, with SIDECAR_ALT_ARGS: two settings of the
+#                     sidecar alternated in one run
 #
 # Every request is a POST with a small JSON body and a fresh Idempotency-Key
 # (so every request is a first run: decided, forwarded, recorded), driven by
 # wrk over fixed connections for a fixed duration; the paths alternate, ROUNDS
-# times each. Printed per run: requests/s, p50 and p99 latency and what they
+# times each, at each number of connections in CONNECTIONS (1 or 4: one
+# request or a few at a time, so the added latency is the proxy's own round
+# trips; 32: the machine saturated, so it is mostly queueing behind CPU
+# time). Printed per run: requests/s, p50 and p99 latency and what they
 # add to the direct run of the same round, non-2xx answers and socket errors,
 # and CPU time per request read from /proc (utime + stime) of the proxy
 # process, of its store (redis-server; or the coordinator plus the PostgreSQL
@@ -31,10 +37,14 @@
 #   BIN_DIR      idempotency-coordinator and idempotency-sidecar [target/release]
 #   PEER_BIN     idempotent-proxy-server [~/.cache/idempotency-coordinator/peer/bin/...]
 #   PG_URL       PostgreSQL server, no database [postgres://postgres@127.0.0.1:5432]
-#   CONNECTIONS  wrk connections [32]      THREADS  wrk threads [2]
+#   CONNECTIONS  wrk connections, a list run in turn [32]; e.g. "1 4 32"
+#   THREADS      wrk threads (at most the connections) [2]
 #   DURATION     seconds per run [10]      ROUNDS   runs per path [2]
-#   BASE_PORT    first of 8 local ports [18600]
+#   BASE_PORT    first of 11 local ports [18600]
 #   PATHS        which paths, in order [direct sidecar peer-redis peer-redis-fsync]
+#   COORDINATOR_ARGS  extra flags of `idempotency-coordinator serve` [none]
+#   SIDECAR_ARGS      extra flags of `idempotency-sidecar` [none]
+#   SIDECAR_ALT_ARGS  extra flags of the sidecar-alt path's sidecar [none]
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -47,6 +57,9 @@ DURATION=${DURATION:-10}
 ROUNDS=${ROUNDS:-2}
 BASE_PORT=${BASE_PORT:-18600}
 PATHS=${PATHS:-direct sidecar peer-redis peer-redis-fsync}
+COORDINATOR_ARGS=${COORDINATOR_ARGS:-}
+SIDECAR_ARGS=${SIDECAR_ARGS:-}
+SIDECAR_ALT_ARGS=${SIDECAR_ALT_ARGS:-}
 
 UPSTREAM_PORT=$BASE_PORT
 COORDINATOR_PORT=$((BASE_PORT + 1))
@@ -56,6 +69,9 @@ PEER_PORT=$((BASE_PORT + 4))
 REDIS_PORT=$((BASE_PORT + 5))
 PEER_FSYNC_PORT=$((BASE_PORT + 6))
 REDIS_FSYNC_PORT=$((BASE_PORT + 7))
+COORDINATOR_METRICS_PORT=$((BASE_PORT + 8))
+SIDECAR_ALT_PORT=$((BASE_PORT + 9))
+SIDECAR_ALT_METRICS_PORT=$((BASE_PORT + 10))
 
 DB=idem_bench_$$
 HZ=$(getconf CLK_TCK)
@@ -115,6 +131,15 @@ pg_backends() {
     ps -eo pid=,args= | awk -v db=" $DB " 'index($0, db) && /postgres:/ {print $1}'
 }
 
+# batch_calls: the calls the coordinator's batch statements carried, and
+# the statements ("calls statements"), Acquires and Completes together.
+batch_calls() {
+    curl -sf "http://127.0.0.1:$COORDINATOR_METRICS_PORT/metrics" | awk '
+        /^idempotency_batch_size_sum/ { sum += $NF }
+        /^idempotency_batch_size_count/ { count += $NF }
+        END { printf "%d %d\n", sum, count }'
+}
+
 # --- upstream: a small asyncio HTTP/1.1 server, the same for every path ----
 cat >"$WORK/upstream.py" <<'PY'
 import asyncio, sys
@@ -158,18 +183,30 @@ wait_for upstream curl -sf -X POST -d '{}' "http://127.0.0.1:$UPSTREAM_PORT/paym
 psql "$PG_URL/postgres" -qAtc "CREATE DATABASE $DB" >/dev/null
 export DATABASE_URL="$PG_URL/$DB"
 "$BIN_DIR/idempotency-coordinator" migrate >"$WORK/migrate.log" 2>&1 || die "migrate failed: $(cat "$WORK/migrate.log")"
-"$BIN_DIR/idempotency-coordinator" serve --listen "127.0.0.1:$COORDINATOR_PORT" >"$WORK/coordinator.log" 2>&1 &
+# shellcheck disable=SC2086 # COORDINATOR_ARGS is a list of flags
+"$BIN_DIR/idempotency-coordinator" serve --listen "127.0.0.1:$COORDINATOR_PORT" \
+    --metrics-listen "127.0.0.1:$COORDINATOR_METRICS_PORT" $COORDINATOR_ARGS >"$WORK/coordinator.log" 2>&1 &
 COORDINATOR_PID=$!; PIDS+=("$COORDINATOR_PID")
 wait_for coordinator grep -q 'listening for changes; ready' "$WORK/coordinator.log"
 
-RUST_LOG=warn "$BIN_DIR/idempotency-sidecar" \
-    --listen "127.0.0.1:$SIDECAR_PORT" \
-    --upstream "http://127.0.0.1:$UPSTREAM_PORT" \
-    --coordinator "http://127.0.0.1:$COORDINATOR_PORT" \
-    --metrics-listen "127.0.0.1:$SIDECAR_METRICS_PORT" \
-    --route 'POST /payments require scope=bench' >"$WORK/sidecar.log" 2>&1 &
-SIDECAR_PID=$!; PIDS+=("$SIDECAR_PID")
-wait_for sidecar curl -sf "http://127.0.0.1:$SIDECAR_METRICS_PORT/readyz"
+start_sidecar() { # NAME PORT METRICS_PORT FLAGS
+    local name=$1 port=$2 metrics_port=$3 flags=$4
+    # shellcheck disable=SC2086 # FLAGS is a list of flags
+    RUST_LOG=warn "$BIN_DIR/idempotency-sidecar" $flags \
+        --listen "127.0.0.1:$port" \
+        --upstream "http://127.0.0.1:$UPSTREAM_PORT" \
+        --coordinator "http://127.0.0.1:$COORDINATOR_PORT" \
+        --metrics-listen "127.0.0.1:$metrics_port" \
+        --route 'POST /payments require scope=bench' >"$WORK/$name.log" 2>&1 &
+    PIDS+=("$!")
+    wait_for "$name" curl -sf "http://127.0.0.1:$metrics_port/readyz"
+}
+start_sidecar sidecar "$SIDECAR_PORT" "$SIDECAR_METRICS_PORT" "$SIDECAR_ARGS"
+SIDECAR_PID=${PIDS[-1]}
+if wants sidecar-alt; then
+    start_sidecar sidecar-alt "$SIDECAR_ALT_PORT" "$SIDECAR_ALT_METRICS_PORT" "$SIDECAR_ALT_ARGS"
+    SIDECAR_ALT_PID=${PIDS[-1]}
+fi
 
 # --- redis-server instances and the peer in front of each --------------------
 start_redis() { # NAME PORT ARGS...
@@ -237,63 +274,78 @@ function done(summary, latency, requests)
 end
 LUA
 
-# run NAME URL PROXY_PID STORE_PIDS: prints "name rps p50 p99 non2xx errors proxy_us store_us upstream_us"
+is_sidecar() { case $1 in sidecar | sidecar-alt) return 0 ;; *) return 1 ;; esac; }
+
+# run NAME URL PROXY_PID STORE_PIDS TAG CONNECTIONS: prints "name rps p50 p99
+# non2xx errors proxy_us store_us upstream_us calls_per_batch_statement"
 run() {
-    local name=$1 url=$2 proxy_pid=$3 store_pids=$4 tag=$5
-    local pb sb ub pa sa ua out
-    [ "$name" = sidecar ] && store_pids="$COORDINATOR_PID $(pg_backends | tr '\n' ' ')"
+    local name=$1 url=$2 proxy_pid=$3 store_pids=$4 tag=$5 conns=$6
+    local pb sb ub pa sa ua out threads=$((THREADS < $6 ? THREADS : $6))
+    is_sidecar "$name" && store_pids="$COORDINATOR_PID $(pg_backends | tr '\n' ' ')"
+    local bb=(0 0) ba=(0 0) per_batch=-
+    is_sidecar "$name" && read -r -a bb < <(batch_calls)
     pb=$(cpu_ticks $proxy_pid); sb=$(cpu_ticks $store_pids); ub=$(cpu_ticks "$UPSTREAM_PID")
-    out=$(wrk -t "$THREADS" -c "$CONNECTIONS" -d "${DURATION}s" --latency -s "$WORK/post.lua" "$url" -- "$tag" 2>&1) \
+    out=$(wrk -t "$threads" -c "$conns" -d "${DURATION}s" --latency -s "$WORK/post.lua" "$url" -- "$tag" 2>&1) \
         || die "wrk failed on $name: $out"
-    [ "$name" = sidecar ] && store_pids="$COORDINATOR_PID $(pg_backends | tr '\n' ' ')"
+    is_sidecar "$name" && store_pids="$COORDINATOR_PID $(pg_backends | tr '\n' ' ')"
     pa=$(cpu_ticks $proxy_pid); sa=$(cpu_ticks $store_pids); ua=$(cpu_ticks "$UPSTREAM_PID")
+    if is_sidecar "$name"; then
+        read -r -a ba < <(batch_calls)
+        per_batch=$(awk -v c=$((ba[0] - bb[0])) -v n=$((ba[1] - bb[1])) 'BEGIN { if (n > 0) printf "%.2f", c / n; else printf "-" }')
+    fi
     echo "$out" >"$WORK/wrk-$tag.txt"
     set -- $(echo "$out" | awk '/^RESULT/ {print $2, $3, $4, $5, $6, $7}')
     [ $# = 6 ] || die "no result from wrk on $name: $out"
     awk -v name="$name" -v req="$1" -v dur="$2" -v p50="$3" -v p99="$4" -v non2xx="$5" -v err="$6" \
         -v pd=$((pa - pb)) -v sd=$((sa - sb)) -v ud=$((ua - ub)) -v hz="$HZ" -v hasproxy="$proxy_pid" \
-        -v hasstore="$store_pids" 'BEGIN {
+        -v hasstore="$store_pids" -v per_batch="$per_batch" 'BEGIN {
         us = 1e6 / hz / (req > 0 ? req : 1)
-        printf "%s %.0f %.2f %.2f %d %d %s %s %.0f\n", name, req / (dur / 1e6), p50 / 1000, p99 / 1000,
+        printf "%s %.0f %.2f %.2f %d %d %s %s %.0f %s\n", name, req / (dur / 1e6), p50 / 1000, p99 / 1000,
             non2xx, err, hasproxy == "" ? "-" : sprintf("%.0f", pd * us),
-            hasstore == "" ? "-" : sprintf("%.0f", sd * us), ud * us }'
+            hasstore == "" ? "-" : sprintf("%.0f", sd * us), ud * us, per_batch }'
 }
 
 log "upstream :$UPSTREAM_PORT, coordinator :$COORDINATOR_PORT (database $DB), sidecar :$SIDECAR_PORT,"
 log "peer :$PEER_PORT (redis :$REDIS_PORT), peer-fsync :$PEER_FSYNC_PORT (redis :$REDIS_FSYNC_PORT)"
-log "wrk: $THREADS threads, $CONNECTIONS connections, ${DURATION}s a run, $ROUNDS rounds; $(nproc) cores"
+log "wrk: at most $THREADS threads, connections: $CONNECTIONS, ${DURATION}s a run, $ROUNDS rounds; $(nproc) cores"
+log "coordinator flags: ${COORDINATOR_ARGS:-(defaults)}; sidecar flags: ${SIDECAR_ARGS:-(defaults)}"
+wants sidecar-alt && log "sidecar-alt :$SIDECAR_ALT_PORT, flags: ${SIDECAR_ALT_ARGS:-(defaults)}"
 
 RESULTS=()
-for round in $(seq "$ROUNDS"); do
-    for path in $PATHS; do
-        tag="r$round-$path-$$"
-        case $path in
-            direct) line=$(run direct "http://127.0.0.1:$UPSTREAM_PORT/payments" "" "" "$tag") ;;
-            sidecar) line=$(run sidecar "http://127.0.0.1:$SIDECAR_PORT/payments" "$SIDECAR_PID" "" "$tag") ;;
-            peer-redis) line=$(run peer-redis "http://127.0.0.1:$PEER_PORT/URL_UPSTREAM" "$PEER_PID" "$REDIS_PID" "$tag") ;;
-            peer-redis-fsync) line=$(run peer-redis-fsync "http://127.0.0.1:$PEER_FSYNC_PORT/URL_UPSTREAM" "$PEER_FSYNC_PID" "$REDIS_FSYNC_PID" "$tag") ;;
-            *) die "unknown path $path" ;;
-        esac
-        log "round $round: $line"
-        RESULTS+=("$round $line")
+for conns in $CONNECTIONS; do
+    for round in $(seq "$ROUNDS"); do
+        for path in $PATHS; do
+            tag="c$conns-r$round-$path-$$"
+            case $path in
+                direct) line=$(run direct "http://127.0.0.1:$UPSTREAM_PORT/payments" "" "" "$tag" "$conns") ;;
+                sidecar) line=$(run sidecar "http://127.0.0.1:$SIDECAR_PORT/payments" "$SIDECAR_PID" "" "$tag" "$conns") ;;
+                sidecar-alt) line=$(run sidecar-alt "http://127.0.0.1:$SIDECAR_ALT_PORT/payments" "$SIDECAR_ALT_PID" "" "$tag" "$conns") ;;
+                peer-redis) line=$(run peer-redis "http://127.0.0.1:$PEER_PORT/URL_UPSTREAM" "$PEER_PID" "$REDIS_PID" "$tag" "$conns") ;;
+                peer-redis-fsync) line=$(run peer-redis-fsync "http://127.0.0.1:$PEER_FSYNC_PORT/URL_UPSTREAM" "$PEER_FSYNC_PID" "$REDIS_FSYNC_PID" "$tag" "$conns") ;;
+                *) die "unknown path $path" ;;
+            esac
+            log "connections $conns, round $round: $line"
+            RESULTS+=("$conns $round $line")
+        done
     done
 done
 
-# Added latency: against the direct run of the same round.
+# Added latency: against the direct run of the same round at the same connections.
 printf '%s\n' "${RESULTS[@]}" | awk '
-    { round[NR] = $1; name[NR] = $2; rps[NR] = $3; p50[NR] = $4; p99[NR] = $5
-      non2xx[NR] = $6; err[NR] = $7; proxy[NR] = $8; store[NR] = $9; up[NR] = $10
-      if ($2 == "direct") { d50[$1] = $4; d99[$1] = $5 } }
+    { c[NR] = $1; round[NR] = $2; name[NR] = $3; rps[NR] = $4; p50[NR] = $5; p99[NR] = $6
+      non2xx[NR] = $7; err[NR] = $8; proxy[NR] = $9; store[NR] = $10; up[NR] = $11; batch[NR] = $12
+      if ($3 == "direct") { d50[$1, $2] = $5; d99[$1, $2] = $6 } }
     END {
-      printf "\n| round | path | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | non-2xx | errors | proxy CPU µs/req | store CPU µs/req | upstream CPU µs/req |\n"
-      printf "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+      printf "\n| connections | round | path | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | non-2xx | errors | proxy CPU µs/req | store CPU µs/req | upstream CPU µs/req | calls per batch statement |\n"
+      printf "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
       for (i = 1; i <= NR; i++) {
-        a50 = (round[i] in d50) ? sprintf("%+.2f", p50[i] - d50[round[i]]) : "-"
-        a99 = (round[i] in d99) ? sprintf("%+.2f", p99[i] - d99[round[i]]) : "-"
+        a50 = ((c[i], round[i]) in d50) ? sprintf("%+.2f", p50[i] - d50[c[i], round[i]]) : "-"
+        a99 = ((c[i], round[i]) in d99) ? sprintf("%+.2f", p99[i] - d99[c[i], round[i]]) : "-"
         if (name[i] == "direct") { a50 = "-"; a99 = "-" }
-        printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", round[i], name[i], rps[i],
-            p50[i], p99[i], a50, a99, non2xx[i], err[i], proxy[i], store[i], up[i]
+        printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c[i], round[i], name[i], rps[i],
+            p50[i], p99[i], a50, a99, non2xx[i], err[i], proxy[i], store[i], up[i], batch[i]
       }
     }'
 echo
 echo "store: redis-server for the peer; the coordinator plus the PostgreSQL backends of database $DB for the sidecar"
+echo "calls per batch statement: Acquires and Completes the coordinator's group commit carried per statement (and commit)"

@@ -1,13 +1,35 @@
-//! The `idempotency-sidecar` binary: parse flags, start logging, start the
-//! sidecar, and drain on SIGTERM or Ctrl-C.
+//! The `idempotency-sidecar` binary: parse flags, start the runtime
+//! (`--worker-threads`) and logging, start the sidecar, and drain on SIGTERM
+//! or Ctrl-C.
 
 use clap::Parser as _;
 use idempotency_sidecar::config::Args;
 use tracing_subscriber::EnvFilter;
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    let runtime = match args.worker_threads {
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        0 => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+    };
+    match runtime {
+        Ok(runtime) => runtime.block_on(serve(args)),
+        Err(error) => {
+            eprintln!("idempotency-sidecar: cannot start the runtime: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(args: Args) -> std::process::ExitCode {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)

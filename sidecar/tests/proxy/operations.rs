@@ -89,7 +89,8 @@ async fn sigterm_drains_requests_in_flight_then_exits() {
             "--coordinator",
             &coordinator.endpoint(),
         ])
-        .args(["--log-format", "json"])
+        // The one-thread runtime: a request and the drain on it too.
+        .args(["--log-format", "json", "--worker-threads", "1"])
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
