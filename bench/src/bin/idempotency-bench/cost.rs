@@ -239,8 +239,9 @@ impl Meter {
     }
 
     /// What happened between `before` and now, per one of `ops` operations
-    /// (cycles or calls), as one human line and `RESULT` fields.
-    pub(crate) async fn report(&self, name: &str, before: &Reading, ops: u64) -> String {
+    /// (cycles or calls): prints it as one human line, and returns the
+    /// figures (for the `RESULT` line and `--check`).
+    pub(crate) async fn report(&self, name: &str, before: &Reading, ops: u64) -> Cost {
         let after = self.read().await;
         let ops = ops.max(1) as f64;
         let us = |seconds: f64| seconds / ops * 1e6;
@@ -316,9 +317,30 @@ impl Meter {
             }
         }
         println!("{human}");
-        figures
+        Cost { figures }
+    }
+}
+
+/// What an operation cost, as [`Meter::report`] measured it: each figure's
+/// `RESULT` name, its value and the decimals it is printed with.
+pub(crate) struct Cost {
+    figures: Vec<(String, f64, usize)>,
+}
+
+impl Cost {
+    /// The figures as `RESULT` fields (` name=value` each).
+    pub(crate) fn fields(&self) -> String {
+        self.figures
             .iter()
             .map(|(name, value, decimals)| format!(" {name}={value:.decimals$}"))
             .collect()
+    }
+
+    /// The figure of that `RESULT` name, if it was measured.
+    pub(crate) fn get(&self, name: &str) -> Option<f64> {
+        self.figures
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(_, value, _)| *value)
     }
 }

@@ -60,8 +60,10 @@ pub(crate) async fn limit(args: &Args, meter: &Meter) -> Result<f64, String> {
     let cost = meter.report("limit", &before, cycles).await;
     println!("limit (pgbench, direct SQL): {per_s:.0} cycles/s");
     println!(
-        "RESULT scenario=limit clients={} seconds={} ops_per_s={per_s:.0}{cost}",
-        args.clients, args.seconds
+        "RESULT scenario=limit clients={} seconds={} ops_per_s={per_s:.0}{}",
+        args.clients,
+        args.seconds,
+        cost.fields()
     );
     Ok(per_s)
 }

@@ -10,18 +10,19 @@ use idempotency_coordinator::proto::Decision;
 
 use crate::Args;
 use crate::client::{Client, Driver};
-use crate::cost::Meter;
+use crate::cost::{Cost, Meter};
 use crate::report::{CallStats, CycleStats, histogram, ms, report, report_cycles};
 
 /// `cycle`: Acquire + Complete on fresh keys, over gRPC and then (with `sql`)
-/// on the baseline; returns the gRPC cycles per second.
+/// on the baseline; returns the gRPC cycles per second and what a cycle
+/// cost.
 pub(crate) async fn cycle(
     args: &Args,
     grpc: &[Driver],
     sql: Option<&[Driver]>,
     run: &str,
     meter: &Meter,
-) -> f64 {
+) -> (f64, Cost) {
     let seconds = Duration::from_secs(args.seconds);
     let before = meter.read().await;
     let stats = cycles_until(
@@ -58,12 +59,13 @@ pub(crate) async fn cycle(
         }
         None => String::new(),
     };
-    report_cycles("cycle", args, &stats, &format!("{extra}{cost}"))
+    let per_s = report_cycles("cycle", args, &stats, &format!("{extra}{}", cost.fields()));
+    (per_s, cost)
 }
 
 /// `replay` (Acquire on 1,000 keys already SUCCEEDED) or `contend` (all
 /// clients on `--hot-keys` keys), over gRPC and then (with `sql`) on the
-/// baseline.
+/// baseline; returns what a call cost.
 pub(crate) async fn replay_or_contend(
     args: &Args,
     grpc: &[Driver],
@@ -71,7 +73,7 @@ pub(crate) async fn replay_or_contend(
     run: &str,
     contend: bool,
     meter: &Meter,
-) {
+) -> Cost {
     let seconds = Duration::from_secs(args.seconds);
     let (name, scope, count) = if contend {
         ("contend", "bench.contend", args.hot_keys.max(1))
@@ -118,8 +120,9 @@ pub(crate) async fn replay_or_contend(
         args,
         stats.per_s(),
         &stats.latency,
-        &format!("{extra}{cost}"),
+        &format!("{extra}{}", cost.fields()),
     );
+    cost
 }
 
 /// Acquire + Complete on fresh keys, `clients` at a time, for `duration`.

@@ -51,8 +51,26 @@
 //! `--data-dir`) and checks the history with the history checker
 //! ([`idempotency_bench::history`]), exiting 1 on any violation. Without the flag the scenarios'
 //! loops record nothing.
+//!
+//! `--check` holds what the run measured to the performance goals, after
+//! the scenarios, one line per goal (figure, budget, pass or fail), and
+//! exits 1 naming every goal missed. Per `cycle`: WAL bytes ≤ 530 and commits
+//! ≤ 0.25 (with `--database-url`), PostgreSQL CPU ≤ 120 µs, server CPU ≤ 70
+//! µs (with `--server-pid`); `cycle ÷ limit` ≥ 1.3; server resident memory
+//! ≤ 48 MiB with 10,000 waiters parked (`wait --waiters 10000
+//! --server-pid`); server CPU ≤ 20 µs per `replay` call. A figure measured
+//! more than once (alternations) is judged by its median. A goal whose
+//! figure the run did not measure is reported "not measured" and fails
+//! nothing. `--budget-*` flags replace the budgets.
+//!
+//! ```text
+//! idempotency-bench --server-pid $PID --database-url postgres://…/bench \
+//!     --scenario cycle,limit,cycle,limit,cycle,limit,replay --check
+//! idempotency-bench --server-pid $PID --scenario wait --waiters 10000 --check
+//! ```
 
 mod baseline;
+mod check;
 mod client;
 mod cost;
 mod history;
@@ -69,6 +87,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use check::Goal;
 use client::{Client, Driver, connect};
 
 #[derive(Debug, Parser)]
@@ -146,6 +165,13 @@ struct Args {
     /// (JSON lines), for `check-history`.
     #[arg(long)]
     record_history: Option<std::path::PathBuf>,
+    /// After the scenarios, hold what they measured to the performance goals
+    /// (the `--budget-*` flags) and exit 1 if any goal measured missed its
+    /// budget.
+    #[arg(long)]
+    check: bool,
+    #[command(flatten)]
+    budgets: check::Budgets,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -303,6 +329,8 @@ struct Carried {
     limit_meter: Option<cost::Meter>,
     /// Whether every `http-cycle` cycle so far succeeded.
     all_cycles_succeeded: bool,
+    /// The figures the goals of `--check` are about.
+    measured: check::Measured,
 }
 
 /// Runs one scenario; `run` makes its keys unique.
@@ -310,7 +338,18 @@ async fn step(args: &Args, setup: &Setup, scenario: Scenario, run: &str, carried
     let sql = setup.sql.as_deref();
     match scenario {
         Scenario::Cycle => {
-            carried.plain = Some(load::cycle(args, &setup.recorded, sql, run, &setup.meter).await);
+            let (per_s, cost) = load::cycle(args, &setup.recorded, sql, run, &setup.meter).await;
+            carried.plain = Some(per_s);
+            for (goal, name) in [
+                (Goal::WalBytes, "wal_bytes"),
+                (Goal::Commits, "commits"),
+                (Goal::PostgresCpu, "postgres_cpu_us"),
+                (Goal::ServerCpu, "server_cpu_us"),
+            ] {
+                if let Some(figure) = cost.get(name) {
+                    carried.measured.add(goal, figure);
+                }
+            }
         }
         Scenario::Replay | Scenario::Contend => {
             let contend = scenario == Scenario::Contend;
@@ -319,7 +358,11 @@ async fn step(args: &Args, setup: &Setup, scenario: Scenario, run: &str, carried
             } else {
                 &setup.grpc
             };
-            load::replay_or_contend(args, drivers, sql, run, contend, &setup.meter).await;
+            let cost =
+                load::replay_or_contend(args, drivers, sql, run, contend, &setup.meter).await;
+            if let (false, Some(cpu)) = (contend, cost.get("server_cpu_us")) {
+                carried.measured.add(Goal::ReplayServerCpu, cpu);
+            }
         }
         Scenario::CycleBesideWaiters => {
             let beside = waiters::cycle_beside_waiters(args, &setup.clients, run).await;
@@ -331,7 +374,13 @@ async fn step(args: &Args, setup: &Setup, scenario: Scenario, run: &str, carried
                 );
             }
         }
-        Scenario::Wait => waiters::wait_release(args, &setup.clients, run).await,
+        Scenario::Wait => {
+            let rss = waiters::wait_release(args, &setup.clients, run).await;
+            // The goal is stated for one number of waiters.
+            if let (check::GOAL_WAITERS, Some(rss)) = (args.waiters, rss) {
+                carried.measured.add(Goal::WaitersRss, rss);
+            }
+        }
         Scenario::Sweep => sweep::sweep_under_load(args, &setup.clients, run).await,
         Scenario::IdleConnections => idle::idle_connections(args).await,
         Scenario::Limit => limit_step(args, carried).await,
@@ -361,6 +410,7 @@ async fn limit_step(args: &Args, carried: &mut Carried) {
                     "cycle ÷ limit: {:.2} (the coordinator's last cycle, {plain:.0}/s, against {limit:.0}/s)",
                     plain / limit
                 );
+                carried.measured.add(Goal::CycleOverLimit, plain / limit);
             }
         }
         Err(e) => {
@@ -383,6 +433,7 @@ async fn main() {
         plain: None,
         limit_meter: None,
         all_cycles_succeeded: true,
+        measured: check::Measured::default(),
     };
     for (n, scenario) in args.scenario.iter().enumerate() {
         // Keys unique to this run and this step of it.
@@ -395,7 +446,8 @@ async fn main() {
             println!("history written to {}", path.display());
         }
     }
-    if !carried.all_cycles_succeeded {
+    let goals_met = !args.check || check::report(&carried.measured, &args.budgets);
+    if !carried.all_cycles_succeeded || !goals_met {
         std::process::exit(1);
     }
 }

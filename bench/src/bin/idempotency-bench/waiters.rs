@@ -85,7 +85,9 @@ pub(crate) async fn cycle_beside_waiters(args: &Args, clients: &[Client], run: &
     )
 }
 
-pub(crate) async fn wait_release(args: &Args, clients: &[Client], run: &str) {
+/// Returns the first server's resident memory, in MiB, while every waiter
+/// was parked (with `--server-pid`).
+pub(crate) async fn wait_release(args: &Args, clients: &[Client], run: &str) -> Option<f64> {
     let scope = "bench.wait";
     let key = format!("{run}-one");
     let mut holder = clients[0].clone();
@@ -147,4 +149,5 @@ pub(crate) async fn wait_release(args: &Args, clients: &[Client], run: &str) {
         rss.map(|mib| format!(" server_rss_mib={mib:.1}"))
             .unwrap_or_default(),
     );
+    rss
 }
