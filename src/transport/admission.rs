@@ -292,7 +292,10 @@ impl Admission {
                 Some(method) => {
                     Either::Left(method.call(request.map(Body::new)).map(Ok::<_, Infallible>))
                 }
-                None => Either::Right(self.routes.clone().call(request)),
+                // Boxed: the router's future (320 bytes) would otherwise
+                // size every call's future, a waiting Acquire's too, for
+                // which the hyper task holding it is kept all its window.
+                None => Either::Right(Box::pin(self.routes.clone().call(request))),
             })
             .instrument(span.span().clone());
         Either::Right(async move {
