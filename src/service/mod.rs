@@ -7,9 +7,11 @@ mod admin;
 mod decode;
 mod due;
 mod encode;
+mod route;
 mod wait;
 
 pub use due::FeedConfig;
+pub use route::{ACQUIRE_PATH, AcquireRoute};
 
 use std::future::Future;
 use std::pin::Pin;
@@ -463,6 +465,17 @@ mod tests {
         assert!(size <= 640, "a waiting Acquire's future is {size} bytes");
         // A refused request's future is far smaller: this one was accepted.
         assert!(size > 320, "{size} bytes: the request was refused");
+    }
+
+    #[test]
+    fn acquires_own_route_keeps_a_few_words_beside_the_services_future() {
+        use crate::transport::DirectMethod as _;
+        // What a waiting call holds besides the service's future: the
+        // router's and the generated server's futures took about 2.7 KB.
+        let route = AcquireRoute::new(service(), Ok, 1 << 16);
+        let call = route.call(http::Request::new(tonic::body::Body::empty()));
+        let size = std::mem::size_of_val(&*call);
+        assert!(size <= 64, "Acquire's route keeps {size} bytes a call");
     }
 
     #[test]

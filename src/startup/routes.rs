@@ -12,7 +12,7 @@ use super::StartupError;
 use crate::auth::Authenticator;
 use crate::config::ServeConfig;
 use crate::proto::{self, coordinator_server::CoordinatorServer};
-use crate::service::CoordinatorService;
+use crate::service::{ACQUIRE_PATH, AcquireRoute, CoordinatorService};
 use crate::transport::Admission;
 
 /// The gRPC port's front: admission (under the configured byte budget and
@@ -28,14 +28,18 @@ pub(super) async fn admission(
     auth: Arc<Authenticator>,
     config: &ServeConfig,
 ) -> Result<(Arc<Admission>, HealthReporter), StartupError> {
+    let acquire = AcquireRoute::new(coordinator.clone(), gate.clone(), config.max_request_bytes);
     let (routes, reporter) = grpc(coordinator, gate, config.max_request_bytes).await?;
+    // Acquire, the call that waits, ahead of the router (its own route says
+    // why); the same gate and message limit as its route in `routes`.
     let admission = Admission::new(
         routes,
         auth,
         config.max_inflight_request_bytes,
         config.max_request_bytes,
         config.request_body_timeout,
-    );
+    )
+    .serve_directly(ACQUIRE_PATH, Arc::new(acquire));
     Ok((Arc::new(admission), reporter))
 }
 

@@ -10,10 +10,12 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt as _;
 use futures_util::future::Either;
 use http::{HeaderMap, Request, Response};
 use tonic::body::Body;
@@ -175,9 +177,19 @@ fn header_bytes(headers: &HeaderMap) -> usize {
         .sum()
 }
 
+/// A unary method that admission calls itself, ahead of the routes: one
+/// whose calls may wait long, so that while they wait they hold a future of
+/// the method's own making, not the router's besides.
+pub trait DirectMethod: Send + Sync + 'static {
+    /// Answers one admitted call; the answer's status is in it.
+    fn call(&self, request: Request<Body>) -> Pin<Box<dyn Future<Output = Response<Body>> + Send>>;
+}
+
 /// The limits of admission, shared by every connection.
 pub struct Admission {
     routes: Routes,
+    /// Methods answered ahead of `routes`, by path.
+    direct: Vec<(&'static str, Arc<dyn DirectMethod>)>,
     auth: Arc<Authenticator>,
     /// For Coordinator calls.
     budget: Arc<ByteBudget>,
@@ -209,6 +221,7 @@ impl Admission {
     ) -> Self {
         Admission {
             routes,
+            direct: Vec::new(),
             auth,
             budget: ByteBudget::new(inflight_bytes),
             tenant_shares: Mutex::new(HashMap::new()),
@@ -217,6 +230,13 @@ impl Admission {
             max_request_bytes,
             body_timeout,
         }
+    }
+
+    /// Calls to `path` go to `method` instead of the routes.
+    #[must_use]
+    pub fn serve_directly(mut self, path: &'static str, method: Arc<dyn DirectMethod>) -> Self {
+        self.direct.push((path, method));
+        self
     }
 
     /// Admits or refuses one call; `call` marks its connection busy until
@@ -261,9 +281,22 @@ impl Admission {
             _ => (reservation.empty(), Some(reservation)),
         };
         let request = request.map(|body| GuardedBody::new(body, body_share, limits));
+        let direct = self
+            .direct
+            .iter()
+            .find(|(path, _)| *path == request.uri().path())
+            .map(|(_, method)| method);
         let answer = span
             .span()
-            .in_scope(|| self.routes.clone().call(request))
+            .in_scope(|| match direct {
+                Some(method) => {
+                    Either::Left(method.call(request.map(Body::new)).map(Ok::<_, Infallible>))
+                }
+                // Boxed: the router's future (320 bytes) would otherwise
+                // size every call's future, a waiting Acquire's too, for
+                // which the hyper task holding it is kept all its window.
+                None => Either::Right(Box::pin(self.routes.clone().call(request))),
+            })
             .instrument(span.span().clone());
         Either::Right(async move {
             let response = match deadline {

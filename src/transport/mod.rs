@@ -26,8 +26,8 @@ use crate::tls::Tls;
 pub use accept::raise_open_file_limit;
 pub use activity::OpenCall;
 pub use admission::{
-    Admission, CALL_OVERHEAD_BYTES, CallDeadline, FromHttpPort, OPEN_SERVICES_BUDGET_BYTES,
-    SMALL_MESSAGE_BYTES, TENANT_SHARE_DIVISOR, refused,
+    Admission, CALL_OVERHEAD_BYTES, CallDeadline, DirectMethod, FromHttpPort,
+    OPEN_SERVICES_BUDGET_BYTES, SMALL_MESSAGE_BYTES, TENANT_SHARE_DIVISOR, refused,
 };
 pub use body::{ByteBudget, Full, Reservation};
 pub use connection::{ConnectionShare, HttpBody, HttpHandler};
