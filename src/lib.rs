@@ -41,7 +41,9 @@
 //!   probe start-up waits with, `connect_error::probe`).
 //! - [`service`]: the gRPC `Coordinator` trait: decode into domain commands,
 //!   call the store, encode the answer; `service::admin` the admin RPCs; `service::wait` holds Acquire's wait
-//!   window and the Watch stream.
+//!   window and the Watch stream; `service::route` is Acquire's own route,
+//!   which admission calls ahead of tonic's router (a waiting call keeps
+//!   less memory).
 //! - [`error`]: the one error type and its exhaustive mapping to gRPC status
 //!   codes with rich error details.
 //! - [`sweeper`]: Sweep and the background sweeper: expired records out, dead

@@ -59,19 +59,24 @@ pub struct PoolArgs {
 /// replay cache, the statement time limit, and migrations at start.
 #[derive(Debug, Clone, Args)]
 pub struct StatementArgs {
-    /// Connections shared by all calls, their statements pipelined on them;
-    /// also how many Acquire batches (and Complete batches) run at once
+    /// Connections shared by all calls, their statements pipelined on them
     /// (0: every call takes a pooled connection of its own, no batches).
     #[arg(long, env = "IDEMPOTENCY_SHARED_CONNECTIONS", default_value_t = DEFAULT_SHARED_CONNECTIONS)]
     pub shared_connections: usize,
 
-    /// Acquires (or Completes) that arrive while every batch worker is busy
+    /// Acquires and Completes that arrive while every batch worker is busy
     /// share one statement and one commit, up to this many (1: each runs
     /// alone). Needs --shared-connections above 0; a batch never waits for
     /// company.
     #[arg(long, env = "IDEMPOTENCY_BATCH_SIZE", default_value_t = DEFAULT_BATCH_SIZE,
           value_parser = TypedValueParser::map(clap::value_parser!(u16).range(1..=1000), usize::from))]
     pub batch_size: usize,
+
+    /// Batches running at once (0: two per shared connection). Fewer make
+    /// bigger batches and fewer commits per call; more keep the database
+    /// busy while each batch waits for its commit.
+    #[arg(long, env = "IDEMPOTENCY_BATCH_WORKERS", default_value_t = 0)]
+    pub batch_workers: usize,
 
     /// Memory, in MiB, for SUCCEEDED records that repeated Acquires are
     /// answered from without the database, until 5 s before they expire by
@@ -109,6 +114,7 @@ impl StoreConfig {
             query_timeout: DEFAULT_QUERY_TIMEOUT,
             shared_connections: DEFAULT_SHARED_CONNECTIONS,
             batch_size: DEFAULT_BATCH_SIZE,
+            batch_workers: 0,
             replay_cache_bytes: DEFAULT_REPLAY_CACHE_MIB << 20,
             citus_direct: true,
         }
@@ -138,6 +144,7 @@ impl StatementArgs {
             query_timeout: self.query_timeout.into(),
             shared_connections: self.shared_connections,
             batch_size: self.batch_size,
+            batch_workers: self.batch_workers,
             replay_cache_bytes: self.replay_cache_mib << 20,
             citus_direct: !self.citus_via_coordinator,
         }

@@ -97,7 +97,7 @@ pub(super) struct Settings {
     /// The database clock (test offset, measured skew), for the stamp each
     /// statement carries.
     pub clock: Clock,
-    /// Batches of one kind running at once.
+    /// Batches running at once.
     pub workers: usize,
     /// Calls in one statement at most.
     pub max_batch: usize,

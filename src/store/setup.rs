@@ -28,9 +28,11 @@ pub struct StoreConfig {
     /// Connections shared and pipelined by all calls; 0: each call takes a
     /// pooled connection of its own.
     pub shared_connections: usize,
-    /// Acquires (or Completes) one statement carries at most, on the shared
+    /// Acquires and Completes one statement carries at most, on the shared
     /// connections; 1: each runs alone.
     pub batch_size: usize,
+    /// Batches running at once; 0: two per shared connection.
+    pub batch_workers: usize,
     /// Memory for SUCCEEDED records that replays are answered from; 0: none.
     pub replay_cache_bytes: u64,
     /// On Citus, calls on shared connections go straight to the node
@@ -114,7 +116,14 @@ impl Store {
                 let settings = batch::Settings {
                     mux: Arc::clone(mux),
                     clock: clock.clone(),
-                    workers: config.shared_connections,
+                    // By default two statements in flight per shared
+                    // connection: fewer workers make bigger batches and
+                    // fewer commits, but leave the database idle while each
+                    // waits for its commit (docs/performance.md).
+                    workers: match config.batch_workers {
+                        0 => 2 * config.shared_connections,
+                        n => n,
+                    },
                     max_batch: config.batch_size,
                     query_timeout: config.query_timeout,
                     routes: Arc::clone(&routes),

@@ -27,6 +27,7 @@ async fn gated_app_with(
 ) -> (TestApp, tokio_postgres::Client) {
     let app = spawn_app_with(|c| {
         c.store.shared_connections = 1;
+        c.store.batch_workers = 1;
         configure(c);
     })
     .await;
@@ -264,6 +265,7 @@ async fn two_servers_batching_the_same_keys_in_opposite_orders_never_deadlock() 
             db.url.clone(),
         );
         config.store.shared_connections = 1;
+        config.store.batch_workers = 1;
         config
     };
     let (a, b) = tokio::join!(start_server(config()), start_server(config()));

@@ -323,6 +323,7 @@ async fn gated_servers(db: &Database) -> (Vec<(String, TestServer)>, Gate) {
         let gated = server(db, |c| {
             configure(c);
             c.store.shared_connections = 1;
+            c.store.batch_workers = 1;
         })
         .await;
         let path = format!("group commit {name}").trim_end().to_owned();
@@ -341,6 +342,31 @@ async fn assert_one_writer_per_node(db: &Database, keys: &[String]) {
         !writers.is_empty() && writers.iter().all(|n| *n == 1),
         "one statement per node wrote them all: writers per node {writers:?}"
     );
+}
+
+/// `calls` queued together behind `gate` on `gated` with `companion` (a
+/// call of the other kind, below), run as one statement: the answers of
+/// `calls`, in order, once the companion has passed too.
+async fn batched_beside<T: Send + 'static>(
+    gate: &Gate,
+    gated: &TestServer,
+    gate_call: tokio::task::JoinHandle<()>,
+    calls: impl FnOnce() -> Vec<tokio::task::JoinHandle<T>>,
+    companion: impl Future<Output = ()> + Send + 'static,
+) -> Vec<T> {
+    let with_companion = || {
+        let mut calls: Vec<_> = calls()
+            .into_iter()
+            .map(|call| tokio::spawn(async move { Some(call.await.unwrap()) }))
+            .collect();
+        calls.push(tokio::spawn(async move {
+            companion.await;
+            None
+        }));
+        calls
+    };
+    let answers = gate.batched(gated, gate_call, with_companion).await;
+    answers.into_iter().flatten().collect()
 }
 
 /// A Complete (success) of a lease taken on `key` now, to be queued beside

@@ -15,7 +15,11 @@ use crate::placement::{group_of, range_of_group, worker_of, writers};
 /// A server with one shared connection, so one batch worker per kind: calls
 /// that arrive while it is busy queue and go out together.
 async fn batching_app() -> Option<CitusApp> {
-    spawn_citus_app_with(|c| c.store.shared_connections = 1).await
+    spawn_citus_app_with(|c| {
+        c.store.shared_connections = 1;
+        c.store.batch_workers = 1;
+    })
+    .await
 }
 
 /// Sends `reqs` at once over a few connections; their answers in order.

@@ -28,7 +28,11 @@ async fn calls_answer_from_the_workers_while_the_coordinator_node_is_down() {
     };
     let db = CitusDatabase::create_on(cluster.clone()).await;
     let alone = server_on(&db, |c| c.store.batch_size = 1).await;
-    let batched = server_on(&db, |c| c.store.shared_connections = 1).await;
+    let batched = server_on(&db, |c| {
+        c.store.shared_connections = 1;
+        c.store.batch_workers = 1;
+    })
+    .await;
     let via = server_on(&db, |c| c.store.citus_direct = false).await;
     // Keys of the two workers in turn.
     let [first, second]: [Vec<String>; 2] = keys_by_node(&db, 80)

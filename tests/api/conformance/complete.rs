@@ -12,7 +12,8 @@ use tonic::Code;
 use super::shape::Shape;
 use super::watch::{Watched, Watcher};
 use super::{
-    Servers, Tally, assert_one_writer_per_node, companion_acquire, gated_servers, set_after_update,
+    Servers, Tally, assert_one_writer_per_node, batched_beside, companion_acquire, gated_servers,
+    set_after_update,
 };
 use crate::backend::{self, Database};
 use crate::helpers::*;
@@ -385,29 +386,17 @@ async fn group_commit(
     let companion_key = format!("companion-complete-{path}");
     let companion = companion_acquire(gated, &companion_key);
     let calls = || {
-        let mut calls: Vec<_> = CASES
+        CASES
             .iter()
             .zip(&prepared)
             .map(|(case, (prepared, _))| {
                 let mut client = gated.client.clone();
                 let request = compared(case, prepared);
-                tokio::spawn(
-                    async move { Some(client.complete(request).await.map(|r| r.into_inner())) },
-                )
+                tokio::spawn(async move { client.complete(request).await.map(|r| r.into_inner()) })
             })
-            .collect();
-        calls.push(tokio::spawn(async move {
-            companion.await;
-            None
-        }));
-        calls
+            .collect()
     };
-    let answers: Vec<_> = gate
-        .batched(gated, gate_call, calls)
-        .await
-        .into_iter()
-        .flatten()
-        .collect();
+    let answers = batched_beside(gate, gated, gate_call, calls, companion).await;
     let written: Vec<String> = CASES
         .iter()
         .zip(&prepared)

@@ -8,8 +8,8 @@ use tokio_postgres::Client;
 
 use super::shape::{Answer, Shape, answer_and_row};
 use super::{
-    FINGERPRINTS, Servers, Tally, acquire_with, assert_one_writer_per_node, companion_complete,
-    gated_servers,
+    FINGERPRINTS, Servers, Tally, acquire_with, assert_one_writer_per_node, batched_beside,
+    companion_complete, gated_servers,
 };
 use crate::backend::{self, Database};
 use crate::helpers::*;
@@ -92,29 +92,16 @@ async fn group_commit(
         .map(|fingerprint| format!("new-{fingerprint}-{path}"))
         .collect();
     let calls = || {
-        let mut calls: Vec<_> = keys
-            .iter()
+        keys.iter()
             .zip(FINGERPRINTS)
             .map(|(key, fingerprint)| {
                 let mut client = gated.client.clone();
                 let request = first_acquire(key, fingerprint);
-                tokio::spawn(
-                    async move { Some(client.acquire(request).await.unwrap().into_inner()) },
-                )
+                tokio::spawn(async move { client.acquire(request).await.unwrap().into_inner() })
             })
-            .collect();
-        calls.push(tokio::spawn(async move {
-            companion.await;
-            None
-        }));
-        calls
+            .collect()
     };
-    let answers: Vec<_> = gate
-        .batched(gated, gate_call, calls)
-        .await
-        .into_iter()
-        .flatten()
-        .collect();
+    let answers = batched_beside(gate, gated, gate_call, calls, companion).await;
     let written: Vec<String> = keys.iter().cloned().chain([companion_key]).collect();
     assert_one_writer_per_node(db, &written).await;
     let mut seen = Vec::new();

@@ -15,8 +15,8 @@ pub const GATE_LOCK: i64 = 4242;
 
 /// Installs the gate trigger: an INSERT or UPDATE of a key named `gate…`
 /// waits while the test holds [`GATE_LOCK`]. Servers meant to batch behind
-/// it run one shared connection (`shared_connections = 1`), so one batch
-/// worker per kind.
+/// it run one shared connection and one batch worker
+/// (`shared_connections = 1`, `batch_workers = 1`).
 pub async fn install_gate(db: &tokio_postgres::Client) {
     // One statement at a time: Citus sends each to the workers as it came,
     // and a worker refuses several commands in one.
