@@ -186,6 +186,22 @@ impl CompleteCall {
     }
 }
 
+/// A single call's arguments, either kind's, on the stack: a call run
+/// alone allocates nothing to bind them.
+enum Params<'a> {
+    Acquire([&'a (dyn ToSql + Sync); 11]),
+    Complete([&'a (dyn ToSql + Sync); 16]),
+}
+
+impl<'a> AsRef<[&'a (dyn ToSql + Sync)]> for Params<'a> {
+    fn as_ref(&self) -> &[&'a (dyn ToSql + Sync)] {
+        match self {
+            Params::Acquire(params) => params,
+            Params::Complete(params) => params,
+        }
+    }
+}
+
 /// One column of a batch: field `f` of every call.
 fn column<'a, T: 'a>(calls: &'a [&'a HotCall], f: impl Fn(&'a HotCall) -> T) -> Vec<T> {
     calls.iter().map(|c| f(c)).collect()
@@ -238,8 +254,8 @@ impl Call for HotCall {
 
     fn params<'a>(&'a self, stamp: &'a Stamp) -> impl AsRef<[&'a (dyn ToSql + Sync)]> + Send + 'a {
         match self {
-            HotCall::Acquire(a) => a.params(stamp).to_vec(),
-            HotCall::Complete(c) => c.params(stamp).to_vec(),
+            HotCall::Acquire(a) => Params::Acquire(a.params(stamp)),
+            HotCall::Complete(c) => Params::Complete(c.params(stamp)),
         }
     }
 
