@@ -47,11 +47,20 @@ fi
 psql_db -c "CHECKPOINT"
 # Warm up: the first batches extend the table and grow the indexes' roots.
 psql_db -c "CALL wal_cycles($((batch * 100)), $batch, 'warm')"
-start=$(psql_db -c "SELECT pg_current_wal_insert_lsn()")
-psql_db -c "CALL wal_cycles($cycles, $batch, 'run')"
-end=$(psql_db -c "SELECT pg_current_wal_insert_lsn()")
+# The measured cycles run in one session, which reads its own backend's
+# time on a CPU (/proc/self/schedstat, in nanoseconds) before and after:
+# what the SQL costs per cycle, commits included, without the noise of a
+# client or of the other processes on the machine.
+read -r start end cpu_ns <<<"$(psql_db -F ' ' <<SQL
+SELECT pg_current_wal_insert_lsn() AS start,
+       split_part(pg_read_file('/proc/self/schedstat'), ' ', 1)::bigint AS cpu0 \gset
+CALL wal_cycles($cycles, $batch, 'run');
+SELECT :'start', pg_current_wal_insert_lsn(),
+       split_part(pg_read_file('/proc/self/schedstat'), ' ', 1)::bigint - :cpu0;
+SQL
+)"
 bytes=$(psql_db -c "SELECT pg_wal_lsn_diff('$end', '$start')")
-echo "$cycles cycles in batches of $batch, wal_compression ${WAL_COMPRESSION:-off}, fillfactor ${FILLFACTOR:-as migrated}: $(awk -v b="$bytes" -v n="$cycles" 'BEGIN{printf "%.1f", b/n}') WAL bytes per cycle"
+echo "$cycles cycles in batches of $batch, wal_compression ${WAL_COMPRESSION:-off}, fillfactor ${FILLFACTOR:-as migrated}: $(awk -v b="$bytes" -v n="$cycles" 'BEGIN{printf "%.1f", b/n}') WAL bytes and $(awk -v c="$cpu_ns" -v n="$cycles" 'BEGIN{printf "%.1f", c/n/1000}') µs of the backend's CPU per cycle"
 printf '%-24s %10s %12s %12s\n' "record type" "per cycle" "bytes/cycle" "FPI b/cycle"
 as_owner "'$bin/pg_waldump' -p '$data/db/pg_wal' -s $start -e $end --stats=record" 2>/dev/null |
     awk -v n="$cycles" '
