@@ -81,31 +81,62 @@ LANGUAGE plpgsql AS $$
 DECLARE
     r     idempotency_keys;
     v_now timestamptz;
+    -- Call i's arguments, copied out of the arrays before the statements
+    -- that use them. PostgreSQL sets up a statement's executor each time
+    -- the statement runs, compiling every expression in it; a plain
+    -- variable costs one step there, an element of an array (or a sum of
+    -- two) a compiled subscript or operator. These assignments are simple
+    -- expressions, which PL/pgSQL compiles once per transaction. Measured
+    -- with callgrind on the server's mix of calls, it takes a tenth off
+    -- the instructions of a cycle (bench/wal/breakdown.sh measures the
+    -- CPU time).
+    v_tenant        text;
+    v_scope         text;
+    v_key           text;
+    v_fingerprint   text;
+    v_request_id    text;
+    v_max_attempts  integer;
+    v_retention     interval;
+    v_lease         interval;
+    v_lease_expires timestamptz;
+    v_expires       timestamptz;
+    v_token         uuid;
+    v_result        bytea;
+    v_content_type  text;
+    v_status_code   integer;
+    v_result_ref    text;
 BEGIN
     FOR i IN 1 .. coalesce(array_length(p_key, 1), 0) LOOP
         ord := i;
         decision := NULL;
         retry_after_ms := NULL;
         outcome := NULL;
+        v_tenant := p_tenant[i];
+        v_scope := p_scope[i];
+        v_key := p_key[i];
         IF NOT p_acquire[i] THEN
             IF p_outcome[i] = 'SUCCESS' AND NOT p_completes_alone THEN
+                v_result := p_result[i];
+                v_content_type := p_content_type[i];
+                v_status_code := p_status_code[i];
+                v_result_ref := p_result_ref[i];
+                v_token := p_token[i];
                 v_now := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
                 UPDATE idempotency_keys k SET
                     status = 'SUCCEEDED', lease_outcome = 'SUCCESS',
                     lease_expires_at = NULL, next_retry_at = NULL,
-                    result = p_result[i], result_content_type = p_content_type[i],
-                    result_status_code = p_status_code[i], result_ref = p_result_ref[i],
+                    result = v_result, result_content_type = v_content_type,
+                    result_status_code = v_status_code, result_ref = v_result_ref,
                     completed_at = v_now, updated_at = v_now, expires_at = v_now + k.retention
-                 WHERE k.tenant = p_tenant[i] AND k.scope = p_scope[i] AND k.idempotency_key = p_key[i]
-                   AND k.lease_token = p_token[i] AND k.lease_outcome IS NULL
+                 WHERE k.tenant = v_tenant AND k.scope = v_scope AND k.idempotency_key = v_key
+                   AND k.lease_token = v_token AND k.lease_outcome IS NULL
                    AND k.expires_at > v_now AND k.updated_at <= v_now
-                RETURNING * INTO r;
+                RETURNING * INTO rec;
                 IF FOUND THEN
-                    IF r.watch_until > v_now THEN
-                        PERFORM idempotency_notify_if_watched(r, v_now);
+                    IF rec.watch_until > v_now THEN
+                        PERFORM idempotency_notify_if_watched(rec, v_now);
                     END IF;
                     outcome := 'OK';
-                    rec := r;
                     RETURN NEXT;
                     CONTINUE;
                 END IF;
@@ -121,26 +152,31 @@ BEGIN
             CONTINUE;
         END IF;
         SELECT * INTO r FROM idempotency_keys k
-         WHERE k.tenant = p_tenant[i] AND k.scope = p_scope[i] AND k.idempotency_key = p_key[i];
+         WHERE k.tenant = v_tenant AND k.scope = v_scope AND k.idempotency_key = v_key;
         v_now := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
         IF NOT FOUND THEN
+            v_retention := p_retention_ms[i] * interval '1 millisecond';
+            v_lease := p_lease_ms[i] * interval '1 millisecond';
+            v_fingerprint := p_fingerprint[i];
+            v_max_attempts := p_max_attempts[i];
+            v_request_id := p_request_id[i];
+            v_lease_expires := v_now + v_lease;
+            v_expires := v_now + greatest(v_retention, v_lease);
             INSERT INTO idempotency_keys (
                 tenant, scope, idempotency_key, status, fingerprint,
                 attempt_count, max_attempts, retention,
                 lease_token, lease_request_id, lease_expires_at, fencing_token,
                 created_at, updated_at, expires_at)
             VALUES (
-                p_tenant[i], p_scope[i], p_key[i], 'PROCESSING', p_fingerprint[i],
-                1, p_max_attempts[i], p_retention_ms[i] * interval '1 millisecond',
-                gen_random_uuid(), p_request_id[i],
-                v_now + p_lease_ms[i] * interval '1 millisecond', nextval('idempotency_fencing'),
-                v_now, v_now,
-                v_now + greatest(p_retention_ms[i], p_lease_ms[i]) * interval '1 millisecond')
+                v_tenant, v_scope, v_key, 'PROCESSING', v_fingerprint,
+                1, v_max_attempts, v_retention,
+                gen_random_uuid(), v_request_id,
+                v_lease_expires, nextval('idempotency_fencing'),
+                v_now, v_now, v_expires)
             ON CONFLICT (tenant, scope, idempotency_key) DO NOTHING
-            RETURNING * INTO r;
+            RETURNING * INTO rec;
             IF FOUND THEN
                 decision := 'PROCEED';
-                rec := r;
                 RETURN NEXT;
                 CONTINUE;
             END IF;
