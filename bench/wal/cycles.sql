@@ -12,7 +12,7 @@ DECLARE
     v_none   text[] := array_fill(''::text, ARRAY[p_batch]);
 BEGIN
     FOR i IN 0 .. p_cycles / p_batch - 1 LOOP
-        SELECT array_agg(format('%s-%s-%s', p_prefix, i, g)) INTO v_keys
+        SELECT array_agg(format('%s-%s-%s', p_prefix, lpad(i::text, 5, '0'), lpad(g::text, 2, '0'))) INTO v_keys
           FROM generate_series(1, p_batch) g;
         SELECT array_agg((b.rec).lease_token ORDER BY b.ord) INTO v_tokens
           FROM idempotency_acquire_batch(

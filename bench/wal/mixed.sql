@@ -15,7 +15,7 @@ DECLARE
     v_held   uuid[] := '{}';
 BEGIN
     FOR i IN 0 .. p_cycles / p_batch LOOP
-        SELECT array_agg(format('%s-%s-%s', p_prefix, i, g)) INTO v_keys
+        SELECT array_agg(format('%s-%s-%s', p_prefix, lpad(i::text, 5, '0'), lpad(g::text, 2, '0'))) INTO v_keys
           FROM generate_series(1, b) g;
         n := cardinality(v_prev);
         SELECT array_agg((x.rec).lease_token ORDER BY x.ord) FILTER (WHERE x.decision IS NOT NULL)
