@@ -291,3 +291,74 @@ async fn two_servers_batching_the_same_keys_in_opposite_orders_never_deadlock() 
         }
     }
 }
+
+/// The batch's statement called straight, Acquires only, on `keys` in this
+/// order: each row's position, key and decision, by position.
+async fn acquire_batch_in_sql(
+    db: &tokio_postgres::Client,
+    keys: &[&str],
+) -> Vec<(i32, String, String)> {
+    let n = i32::try_from(keys.len()).unwrap();
+    let rows = db
+        .query(
+            "SELECT b.ord, (b.rec).idempotency_key, b.decision
+               FROM idempotency_acquire_batch(
+                        array_fill('default'::text, ARRAY[$2::int]), array_fill('sql'::text, ARRAY[$2::int]),
+                        $1::text[], array_fill('fp'::text, ARRAY[$2::int]), array_fill(''::text, ARRAY[$2::int]),
+                        array_fill(60000::bigint, ARRAY[$2::int]), array_fill(3, ARRAY[$2::int]),
+                        array_fill(3600000::bigint, ARRAY[$2::int]), array_fill(0::bigint, ARRAY[$2::int]), 0) b
+              ORDER BY b.ord",
+            &[&keys, &n],
+        )
+        .await
+        .unwrap();
+    rows.iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+}
+
+#[tokio::test]
+async fn new_keys_of_a_batch_get_their_own_rows_whether_its_keys_come_sorted_repeated_or_not() {
+    // A sorted batch of distinct keys creates its new keys in one INSERT
+    // after deciding the others; a repeated or unsorted one creates each in
+    // turn. Either way every call hears about its own key, and a repeated
+    // key's second Acquire sees the record its first one created.
+    let app = spawn_app().await;
+    let db = app.db.connect().await;
+    let sorted = acquire_batch_in_sql(&db, &["s1", "s2", "s3"]).await;
+    let unsorted = acquire_batch_in_sql(&db, &["u3", "u1", "u2"]).await;
+    let repeated = acquire_batch_in_sql(&db, &["r1", "r1", "r2"]).await;
+    let expect = |rows: &[(&str, &str)]| -> Vec<(i32, String, String)> {
+        rows.iter()
+            .zip(1..)
+            .map(|((key, decision), ord)| (ord, (*key).to_owned(), (*decision).to_owned()))
+            .collect()
+    };
+    assert_eq!(
+        sorted,
+        expect(&[("s1", "PROCEED"), ("s2", "PROCEED"), ("s3", "PROCEED")])
+    );
+    assert_eq!(
+        unsorted,
+        expect(&[("u3", "PROCEED"), ("u1", "PROCEED"), ("u2", "PROCEED")])
+    );
+    assert_eq!(
+        repeated,
+        expect(&[("r1", "PROCEED"), ("r1", "IN_PROGRESS"), ("r2", "PROCEED")])
+    );
+    // Existing keys among new ones are read, not created again.
+    let again = acquire_batch_in_sql(&db, &["s0", "s1", "s4"]).await;
+    assert_eq!(
+        again,
+        expect(&[("s0", "PROCEED"), ("s1", "IN_PROGRESS"), ("s4", "PROCEED")])
+    );
+    let records: i64 = db
+        .query_one(
+            "SELECT count(*) FROM idempotency_keys WHERE scope = 'sql' AND idempotency_key LIKE 's%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(records, 5, "one record per key");
+}
