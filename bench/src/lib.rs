@@ -21,6 +21,10 @@
 //!   worker added and the shards rebalanced.
 //! - `limit/`: the SQL limit the benchmark's `cycle` is held against, and
 //!   `scaling-figures.sql`, the script of `docs/scaling.md`'s figures.
+//! - `wal/`: what a cycle's SQL costs on a private PostgreSQL, without a
+//!   server: `breakdown.sh` (WAL by record type, and CPU time),
+//!   `instructions.sh` (instructions, counted by callgrind: the same on
+//!   every run), and the cycles they run (`cycles.sql`, `mixed.sql`).
 
 pub mod history;
 pub mod recorder;

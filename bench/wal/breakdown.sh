@@ -19,28 +19,18 @@
 #   CYCLES=16000 BATCH=32 WAL_COMPRESSION=lz4 FILLFACTOR=90 bash bench/wal/breakdown.sh
 #   SQL_FROM=/path/to/older/checkout bash bench/wal/breakdown.sh   # its sql/
 #
-# Needs PostgreSQL's server binaries (pg_config --bindir, or
-# /usr/lib/postgresql/15/bin); as root it runs the cluster as user postgres.
+# Needs PostgreSQL's server binaries (bench/wal/cluster.sh); as root it
+# runs the cluster as user postgres.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 cycles=${CYCLES:-8000}
 batch=${BATCH:-16}
 port=${PORT:-5519}
-bin=$(pg_config --bindir 2>/dev/null || echo /usr/lib/postgresql/15/bin)
-data=$(mktemp -d /tmp/wal-breakdown.XXXXXX)
-as_owner() {
-    if [ "$(id -u)" = 0 ]; then su postgres -s /bin/bash -c "$*"; else bash -c "$*"; fi
-}
-[ "$(id -u)" = 0 ] && chown postgres "$data"
-as_owner "'$bin/initdb' -D '$data/db' -A trust -U postgres >/dev/null"
-as_owner "'$bin/pg_ctl' -D '$data/db' -o '-p $port -k /tmp -c listen_addresses=127.0.0.1 -c wal_compression=${WAL_COMPRESSION:-off}' -l '$data/log' -w start >/dev/null"
-trap 'as_owner "\"$bin/pg_ctl\" -D \"$data/db\" -m immediate stop" >/dev/null 2>&1; rm -rf "$data"' EXIT
-psql_db() { psql "postgres://postgres@127.0.0.1:$port/postgres" -q -At -v ON_ERROR_STOP=1 "$@"; }
-sql=${SQL_FROM:-$root}/sql
-for f in "$sql"/migrations/*.sql "$sql"/functions/*.sql "$here/cycles.sql"; do
-    psql_db -f "$f" >/dev/null
-done
+settings="-c wal_compression=${WAL_COMPRESSION:-off}"
+# shellcheck source=bench/wal/cluster.sh
+. "$here/cluster.sh"
+load_sql "${SQL_FROM:-$root}" "$here/cycles.sql"
 if [ -n "${FILLFACTOR:-}" ]; then
     psql_db -c "ALTER TABLE idempotency_keys SET (fillfactor = $FILLFACTOR)"
 fi

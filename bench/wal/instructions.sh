@@ -20,23 +20,13 @@ root=$(cd "$here/../.." && pwd)
 cycles=${CYCLES:-800}
 batch=${BATCH:-16}
 port=${PORT:-5529}
-bin=$(pg_config --bindir 2>/dev/null || echo /usr/lib/postgresql/15/bin)
-data=$(mktemp -d /tmp/wal-instructions.XXXXXX)
-as_owner() {
-    if [ "$(id -u)" = 0 ]; then su postgres -s /bin/bash -c "$*"; else bash -c "$*"; fi
-}
-[ "$(id -u)" = 0 ] && chown postgres "$data"
-as_owner "'$bin/initdb' -D '$data/db' -A trust -U postgres >/dev/null"
-as_owner "'$bin/pg_ctl' -D '$data/db' -o '-p $port -k /tmp -c listen_addresses=127.0.0.1' -l '$data/log' -w start >/dev/null"
-trap 'as_owner "\"$bin/pg_ctl\" -D \"$data/db\" -m immediate stop" >/dev/null 2>&1; rm -rf "$data"' EXIT
-psql_db() { psql "postgres://postgres@127.0.0.1:$port/postgres" -q -At -v ON_ERROR_STOP=1 "$@"; }
+# shellcheck source=bench/wal/cluster.sh
+. "$here/cluster.sh"
 procedure=wal_cycles
 scripts="$here/cycles.sql"
 if [ -n "${MIXED:-}" ]; then procedure=wal_cycles_mixed; scripts="$scripts $here/mixed.sql"; fi
-sql=${SQL_FROM:-$root}/sql
-for f in "$sql"/migrations/*.sql "$sql"/functions/*.sql $scripts; do
-    psql_db -f "$f" >/dev/null
-done
+# shellcheck disable=SC2086 # one word a script
+load_sql "${SQL_FROM:-$root}" $scripts
 psql_db -c "CALL $procedure($((batch * 100)), $batch, 'warm')"
 as_owner "'$bin/pg_ctl' -D '$data/db' -w stop >/dev/null"
 echo "CALL $procedure($cycles, $batch, 'run');" |
