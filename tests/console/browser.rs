@@ -179,16 +179,18 @@ async fn release_refuses_the_holder(console: &mut Console) {
         .open("record?scope=payments.charge&key=order-2001")
         .await;
     browser.click("#action-release").await;
-    assert!(
-        browser.url().await.contains("/console/confirm"),
-        "a confirmation first"
-    );
+    // A confirmation first.
+    browser
+        .until_url_has("/console/confirm", Duration::from_secs(10))
+        .await;
     browser
         .type_into("textarea[name=reason]", "worker pod is wedged")
         .await;
     browser.screenshot(&shot("confirm")).await;
     browser.click("#confirm").await;
-    assert_eq!(browser.text("#status").await, "FAILED");
+    browser
+        .until_text("#status", "FAILED", Duration::from_secs(10))
+        .await;
     let page = browser.source().await;
     assert!(
         page.contains("RELEASE_LEASE") && page.contains("operator Ada"),

@@ -277,6 +277,23 @@ impl Browser {
         }
     }
 
+    /// Waits up to `within` for the page's address to contain `wanted`
+    /// (a click that navigates may answer before the new page is there).
+    pub async fn until_url_has(&self, wanted: &str, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let url = self.url().await;
+            if url.contains(wanted) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the address never showed {wanted:?}: {url}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Waits up to `within` for the page's source to contain one of
     /// `wanted` (a form's answer loads after the click that sent it).
     pub async fn until_source_has(&self, wanted: &[&str], within: Duration) {
