@@ -103,10 +103,10 @@ DECLARE
     -- the statement runs, compiling every expression in it; a plain
     -- variable costs one step there, an element of an array (or a sum of
     -- two) a compiled subscript or operator. These assignments are simple
-    -- expressions, which PL/pgSQL compiles once per transaction. Measured
-    -- with callgrind on the server's mix of calls, it takes a tenth off
-    -- the instructions of a cycle (bench/wal/breakdown.sh measures the
-    -- CPU time).
+    -- expressions, which PL/pgSQL compiles once per transaction: a tenth
+    -- off a cycle's instructions (bench/wal/instructions.sh). The per-call
+    -- INSERT below now runs only where new keys are not created together
+    -- (repeated or unsorted keys, Citus).
     v_tenant        text;
     v_scope         text;
     v_key           text;
