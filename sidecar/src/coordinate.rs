@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use idempotency_client::{Done, Lease, RunOnceError, RunOptions, WorkError};
+use idempotency_client::{Done, Lease, RunOnceError, RunOptions, WhenLeaseLost, WorkError};
 
 use crate::body::{self, ProxyBody, Read};
 use crate::fingerprint;
@@ -96,6 +96,9 @@ pub async fn run(
         wait,
         max_attempts: settings.max_attempts,
         retention: settings.retention,
+        // A request already sent upstream is not cut off: its answer still
+        // reaches the client that caused it.
+        when_lease_lost: WhenLeaseLost::LetFinish,
         ..RunOptions::default()
     };
     let slot: Slot = Arc::default();
@@ -228,7 +231,7 @@ impl Proxy {
 fn answer(
     proxy: &Proxy,
     route: &Route,
-    decided: Result<Done<StoredResponse>, RunOnceError<Failure>>,
+    decided: Result<Done<StoredResponse>, RunOnceError<Failure, StoredResponse>>,
     kept: Option<Answer>,
 ) -> (Response<ProxyBody>, Outcome) {
     let retry = |after: Option<Duration>| Some(after.unwrap_or(Duration::from_secs(1)));
@@ -262,9 +265,12 @@ fn answer(
             let detail = format!("no attempts left for this key; last error: {last_error}");
             problem(proxy, Problem::AttemptsExhausted, &detail, None)
         }
-        Err(error @ (RunOnceError::LeaseLost | RunOnceError::Codec(_) | RunOnceError::Call(_))) => {
-            unrecorded(proxy, &error, kept)
-        }
+        Err(
+            error @ (RunOnceError::LeaseLost
+            | RunOnceError::NotRecorded { .. }
+            | RunOnceError::Codec(_)
+            | RunOnceError::Call(_)),
+        ) => unrecorded(proxy, &error, kept),
     }
 }
 
@@ -272,27 +278,25 @@ fn answer(
 /// answer when there is one (the key will run again), else a problem.
 fn unrecorded(
     proxy: &Proxy,
-    error: &RunOnceError<Failure>,
+    error: &RunOnceError<Failure, StoredResponse>,
     kept: Option<Answer>,
 ) -> (Response<ProxyBody>, Outcome) {
     tracing::warn!(%error, answered = kept.is_some(), "an outcome was not recorded");
     if let Some(answer) = kept {
         return (respond(answer), "unrecorded");
     }
-    match error {
-        RunOnceError::LeaseLost => problem(
-            proxy,
-            Problem::LeaseLost,
-            "the lease on this key ran out before the answer was stored; retry",
-            Some(Duration::from_secs(1)),
-        ),
-        other => problem(
-            proxy,
-            Problem::CoordinatorUnavailable,
-            &other.to_string(),
-            Some(Duration::from_secs(1)),
-        ),
-    }
+    let lease_lost = match error {
+        RunOnceError::LeaseLost => true,
+        RunOnceError::NotRecorded { error, .. } => error.is_lease_lost(),
+        _ => false,
+    };
+    let (kind, detail) = if lease_lost {
+        let detail = "the lease on this key ran out before the answer was stored; retry";
+        (Problem::LeaseLost, detail.to_owned())
+    } else {
+        (Problem::CoordinatorUnavailable, error.to_string())
+    };
+    problem(proxy, kind, &detail, Some(Duration::from_secs(1)))
 }
 
 /// The answer to an attempt that stored nothing.

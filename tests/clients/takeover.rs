@@ -1,7 +1,8 @@
 //! A holder whose lease lapsed and was taken over: its heartbeat hears
-//! LEASE_LOST and the work is told; with no heartbeat, its own Complete is
-//! refused. Either way the outcome is LEASE_LOST and nothing of A's is
-//! stored.
+//! LEASE_LOST and the work is told (and dropped, unless it is let finish);
+//! with no heartbeat, its own Complete is refused. Either way nothing of
+//! A's is stored, and a value A's work returned comes back to A as
+//! NOT_RECORDED.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,7 +12,7 @@ use idempotency_client::proto::{
     CompleteRequest, Decision, Lease, Status, Success, complete_request,
 };
 use idempotency_client::{
-    CallError, Code, Fingerprint, Heartbeat, RunOnceError, RunOptions, WorkError,
+    CallError, Code, Fingerprint, Heartbeat, RunOnceError, RunOptions, WhenLeaseLost, WorkError,
 };
 use tokio::sync::oneshot;
 
@@ -179,16 +180,88 @@ async fn without_a_heartbeat_a_late_holder_hears_lease_lost_from_its_complete() 
     let outcome = within("A's run_once to end", Duration::from_secs(10), a)
         .await
         .unwrap();
-    assert!(
-        matches!(outcome, Err(RunOnceError::LeaseLost)),
-        "{outcome:?}"
-    );
+    match outcome {
+        Err(RunOnceError::NotRecorded { value, error }) => {
+            assert_eq!(value, "from A", "A's value comes back to A");
+            assert!(error.is_lease_lost(), "{error}");
+        }
+        other => panic!("expected NotRecorded, got {other:?}"),
+    }
     let record = fixture.record("jobs.export", &key).await;
     assert_eq!(
         record.status(),
         Status::Processing,
         "A's result was not stored"
     );
+    assert_eq!(record.fencing_token, lease_b.fencing_token);
+    assert!(record.result.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_let_finish_after_its_lease_was_lost_is_told_runs_on_and_keeps_its_value() {
+    let fixture = Fixture::start().await;
+    let client = fixture.client().await;
+    let key = fresh_key();
+    let options = RunOptions {
+        lease_ttl: Duration::from_secs(1),
+        heartbeat: Heartbeat::Every(Duration::from_millis(2000)),
+        when_lease_lost: WhenLeaseLost::LetFinish,
+        ..RunOptions::default()
+    };
+    let (started, a_started) = oneshot::channel();
+    let (finish, finished) = oneshot::channel::<()>();
+    let dropped = Arc::new(AtomicBool::new(false));
+
+    let a = {
+        let (key, dropped) = (key.clone(), dropped.clone());
+        tokio::spawn(async move {
+            client
+                .run_once(
+                    "jobs.export",
+                    &key,
+                    Fingerprint::None,
+                    &options,
+                    |lease| async move {
+                        let _dropped = SetOnDrop(dropped);
+                        started.send(lease.clone()).unwrap();
+                        // Like a request already sent to another service:
+                        // it ends when that service answers.
+                        finished.await.unwrap();
+                        Ok::<_, WorkError<String>>("from A".to_owned())
+                    },
+                )
+                .await
+        })
+    };
+    let lease_a = within("A's work to start", Duration::from_secs(10), a_started)
+        .await
+        .unwrap();
+    let lease_b = take_over(&fixture, "jobs.export", &key).await;
+    assert!(lease_b.fencing_token > lease_a.fencing_token());
+    within(
+        "A's work to be told its lease is lost",
+        Duration::from_secs(10),
+        lease_a.lost(),
+    )
+    .await;
+    assert!(
+        !dropped.load(Ordering::SeqCst),
+        "the work runs on after its lease was lost"
+    );
+    finish.send(()).unwrap();
+
+    let outcome = within("A's run_once to end", Duration::from_secs(10), a)
+        .await
+        .unwrap();
+    match outcome {
+        Err(RunOnceError::NotRecorded { value, error }) => {
+            assert_eq!(value, "from A");
+            assert!(error.is_lease_lost(), "{error}");
+        }
+        other => panic!("expected NotRecorded, got {other:?}"),
+    }
+    let record = fixture.record("jobs.export", &key).await;
+    assert_eq!(record.status(), Status::Processing, "A stored nothing");
     assert_eq!(record.fencing_token, lease_b.fencing_token);
     assert!(record.result.is_none());
 }

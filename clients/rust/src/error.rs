@@ -163,11 +163,12 @@ impl<E> From<E> for WorkError<E> {
     }
 }
 
-/// How `run_once` ended when it has no value to give: a decision that is
-/// not PROCEED or ALREADY_DONE, a lost lease, the work's own error, or a
-/// call that failed.
+/// How `run_once` ended when it has no recorded value to give: a decision
+/// that is not PROCEED or ALREADY_DONE, a lost lease, the work's own error,
+/// a value the coordinator did not record, or a call that failed. `E` is
+/// the work's error, `T` its value.
 #[derive(Debug, thiserror::Error)]
-pub enum RunOnceError<E> {
+pub enum RunOnceError<E, T> {
     /// Another caller still holds the lease after the wait window; ask
     /// again after `retry_after`.
     #[error("another caller is running this operation (retry after {retry_after:?})")]
@@ -190,11 +191,23 @@ pub enum RunOnceError<E> {
         last_error: String,
         record: Box<Record>,
     },
-    /// The lease was taken over (or ran out) while the work ran, or the
-    /// Complete was refused: another caller may be running the work. Nothing
-    /// was recorded by this caller.
+    /// The lease was taken over (or ran out) while the work ran and the
+    /// work was dropped ([`crate::WhenLeaseLost::DropWork`]): another caller
+    /// may be running the operation. Nothing was recorded by this caller.
     #[error("the lease was lost; another caller may run the operation")]
     LeaseLost,
+    /// The work returned its value, but the Complete that would have stored
+    /// it failed (after its retries). The work did run: here is its value.
+    /// When `error.is_lease_lost()`, the lease was no longer this caller's
+    /// and another caller may run (or have run) the operation; otherwise the
+    /// lease runs out and the key's next caller runs the work again.
+    #[error("the work's value was not recorded: {error}")]
+    NotRecorded {
+        /// What the work returned.
+        value: T,
+        /// Why the Complete failed.
+        error: CallError,
+    },
     /// The work failed; the failure was reported to the coordinator.
     #[error("{0}")]
     Work(E),

@@ -9,15 +9,16 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client::Client;
 use crate::error::{CallError, RunOnceError, WorkError};
-use crate::options::{RunOptions, duration_to_proto};
+use crate::options::{RunOptions, WhenLeaseLost, duration_to_proto};
 use crate::proto::ExtendLeaseRequest;
 use crate::retry::{Backoff, with_retries};
 
 /// The lease the work runs under.
 ///
 /// Pass [`Lease::fencing_token`] to downstream writes. When the lease is
-/// lost, `run_once` drops the work's future; work that spawned tasks of its
-/// own stops them with [`Lease::cancellation_token`] or [`Lease::lost`].
+/// lost, `run_once` drops the work's future (unless told to let it finish:
+/// [`WhenLeaseLost`]); work that spawned tasks of its own, or that is let
+/// finish, stops with [`Lease::cancellation_token`] or [`Lease::lost`].
 #[derive(Clone)]
 pub struct Lease {
     inner: Arc<LeaseInner>,
@@ -234,13 +235,17 @@ impl Lease {
 }
 
 /// Runs `work` under `lease`, extended every `interval` until the work
-/// ends; [`RunOnceError::LeaseLost`] when the lease was lost meanwhile
-/// (the work's future then dropped).
+/// ends. When the lease is lost meanwhile: with [`WhenLeaseLost::DropWork`]
+/// the work's future is dropped and the answer is
+/// [`RunOnceError::LeaseLost`]; with [`WhenLeaseLost::LetFinish`] the work
+/// runs on (told through the lease) and its outcome is returned, for the
+/// Complete to be tried and refused.
 pub(crate) async fn under_heartbeat<T, E, F, Fut>(
     lease: Lease,
     interval: Option<Duration>,
+    when_lost: WhenLeaseLost,
     work: F,
-) -> Result<Result<T, WorkError<E>>, RunOnceError<E>>
+) -> Result<Result<T, WorkError<E>>, RunOnceError<E, T>>
 where
     F: FnOnce(Lease) -> Fut,
     Fut: Future<Output = Result<T, WorkError<E>>>,
@@ -248,15 +253,15 @@ where
     let inner = Arc::clone(&lease.inner);
     let beating =
         AbortOnDrop(interval.map(|every| tokio::spawn(heartbeat(Arc::clone(&inner), every))));
-    let outcome = tokio::select! {
-        biased;
-        () = inner.lost.cancelled() => None,
-        outcome = work(lease) => Some(outcome),
+    let outcome = match when_lost {
+        WhenLeaseLost::DropWork => tokio::select! {
+            biased;
+            () = inner.lost.cancelled() => None,
+            outcome = work(lease) => Some(outcome).filter(|_| !inner.lost.is_cancelled()),
+        },
+        WhenLeaseLost::LetFinish => Some(work(lease).await),
     };
     // The work has ended (or been dropped): no more extensions.
     drop(beating);
-    match outcome {
-        Some(outcome) if !inner.lost.is_cancelled() => Ok(outcome),
-        _ => Err(RunOnceError::LeaseLost),
-    }
+    outcome.ok_or(RunOnceError::LeaseLost)
 }

@@ -19,7 +19,7 @@ pub use client::{Client, ClientOptions, ConnectError, TlsOptions, Transport, Tra
 pub use codec::{Codec, CodecError, Json, Raw};
 pub use error::{CallError, FieldViolation, RunOnceError, WorkError};
 pub use lease::Lease;
-pub use options::{Heartbeat, RunOptions};
+pub use options::{Heartbeat, RunOptions, WhenLeaseLost};
 pub use retry::Backoff;
 pub use run::{Done, Fingerprint};
 pub use tokio_util::sync::CancellationToken;

@@ -16,6 +16,22 @@ pub enum Heartbeat {
     Off,
 }
 
+/// What `run_once` does with the work when the heartbeat hears that the
+/// lease is lost (ABORTED: taken over, released by an admin, or run out).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WhenLeaseLost {
+    /// Drop the work's future at its next await point; `run_once` ends at
+    /// once with [`crate::RunOnceError::LeaseLost`].
+    #[default]
+    DropWork,
+    /// Let the work finish (it is told through [`crate::Lease::lost`] and
+    /// [`crate::Lease::cancellation_token`] and may stop early). Its
+    /// Complete is still sent; a value the coordinator refused comes back
+    /// in [`crate::RunOnceError::NotRecorded`]. For work that must not be
+    /// cut off midway, such as a request already sent to another service.
+    LetFinish,
+}
+
 /// Per-operation settings of [`Client::run_once`].
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -42,6 +58,9 @@ pub struct RunOptions {
     /// Set it to the same value across process restarts to get back a lease
     /// granted to a call whose reply was lost.
     pub request_id: Option<String>,
+    /// What happens to the work when the lease is lost while it runs:
+    /// dropped unless set.
+    pub when_lease_lost: WhenLeaseLost,
 }
 
 impl Default for RunOptions {
@@ -55,6 +74,7 @@ impl Default for RunOptions {
             max_attempts: 0,
             retention: None,
             request_id: None,
+            when_lease_lost: WhenLeaseLost::DropWork,
         }
     }
 }

@@ -76,7 +76,10 @@ impl Client {
     /// The work gets the [`Lease`] and returns its value, or a
     /// [`WorkError`] saying whether the failure may be retried. While it
     /// runs, a heartbeat extends the lease; if the lease is lost the work's
-    /// future is dropped and the outcome is [`RunOnceError::LeaseLost`].
+    /// future is dropped and the outcome is [`RunOnceError::LeaseLost`]
+    /// (or, with [`crate::WhenLeaseLost::LetFinish`], the work runs on).
+    /// A value whose Complete fails is returned in
+    /// [`RunOnceError::NotRecorded`]: the work did run.
     pub async fn run_once<T, E, F, Fut>(
         &self,
         scope: &str,
@@ -84,7 +87,7 @@ impl Client {
         fingerprint: Fingerprint,
         options: &RunOptions,
         work: F,
-    ) -> Result<Done<T>, RunOnceError<E>>
+    ) -> Result<Done<T>, RunOnceError<E, T>>
     where
         T: Serialize + DeserializeOwned,
         E: Display,
@@ -105,7 +108,7 @@ impl Client {
         fingerprint: Fingerprint,
         options: &RunOptions,
         work: F,
-    ) -> Result<Done<T>, RunOnceError<E>>
+    ) -> Result<Done<T>, RunOnceError<E, T>>
     where
         C: Codec<T> + ?Sized,
         E: Display,
@@ -120,7 +123,8 @@ impl Client {
         };
         let lease = Lease::granted(self, scope, key, granted, record.checkpoint, asked, options);
         let token = lease.token().to_owned();
-        let outcome = under_heartbeat(lease, heartbeat_interval(options), work).await?;
+        let interval = heartbeat_interval(options);
+        let outcome = under_heartbeat(lease, interval, options.when_lease_lost, work).await?;
         let (completion, result) = completion(codec, outcome);
         let complete = CompleteRequest {
             scope: scope.to_owned(),
@@ -138,8 +142,8 @@ impl Client {
                 replayed: false,
                 record: response.record.unwrap_or_default(),
             }),
-            (Ok(_), Err(error)) if error.is_lease_lost() => Err(RunOnceError::LeaseLost),
-            (Ok(_), Err(error)) => Err(RunOnceError::Call(error)),
+            // The work ran: its value is the caller's, recorded or not.
+            (Ok(value), Err(error)) => Err(RunOnceError::NotRecorded { value, error }),
             // The work's own error is what the caller needs to hear, whether
             // or not the coordinator took the failure (if it did not, the
             // lease runs out and the key is retried).
@@ -196,7 +200,7 @@ enum Acquired<T, E> {
     },
     /// Any other decision: what `run_once` answers (a replay's stored
     /// value, or the decision as an error).
-    Answered(Result<Done<T>, RunOnceError<E>>),
+    Answered(Result<Done<T>, RunOnceError<E, T>>),
 }
 
 /// Reads an Acquire's answer: the lease it granted, or what `run_once`
@@ -264,7 +268,7 @@ fn heartbeat_interval(options: &RunOptions) -> Option<Duration> {
 fn completion<T, E, C>(
     codec: &C,
     outcome: Result<T, WorkError<E>>,
-) -> (Outcome, Result<T, RunOnceError<E>>)
+) -> (Outcome, Result<T, RunOnceError<E, T>>)
 where
     C: Codec<T> + ?Sized,
     E: Display,

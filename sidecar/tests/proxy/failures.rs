@@ -5,8 +5,11 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 
+use idempotency_coordinator::proto::{AdminTarget, ReleaseLeaseRequest};
+
 use crate::polling::eventually;
-use crate::support::{Env, fresh_key};
+use crate::support::{Coordinator, Env, TestClient, fresh_key, start_sidecar};
+use crate::upstream::TestUpstream;
 
 #[tokio::test]
 async fn an_upstream_500_is_not_replayed_and_the_retry_runs_again() {
@@ -82,6 +85,82 @@ async fn a_client_that_hangs_up_mid_request_still_has_its_answer_stored() {
     assert!(replay.replayed(), "{replay:?}");
     assert_eq!(replay.text(), "{\"effect\":1}");
     assert_eq!(env.upstream.count("/gate"), 1);
+}
+
+#[tokio::test]
+async fn a_lease_lost_mid_request_does_not_cut_the_upstream_call_off() {
+    let coordinator = Coordinator::start_with(&["--metrics-listen", "127.0.0.1:0"]).await;
+    let upstream = TestUpstream::start().await;
+    // A heartbeat every second.
+    let flags = [
+        "--lease-ttl",
+        "3s",
+        "--route",
+        "POST /gate accept scope=gates",
+    ];
+    let sidecar = start_sidecar(&upstream.url(), &coordinator.endpoint(), &flags).await;
+    let client = TestClient::new(sidecar.addr);
+    let key = fresh_key();
+    let waiting = {
+        let (client, key) = (client.clone(), key.clone());
+        tokio::spawn(async move { client.post("/gate", &key, "{}").await })
+    };
+    eventually(
+        "the upstream to see the request",
+        Duration::from_secs(10),
+        || async { (upstream.count("/gate") == 1).then_some(()) },
+    )
+    .await;
+    // An operator takes the lease away while the upstream works.
+    coordinator
+        .server
+        .client()
+        .await
+        .release_lease(ReleaseLeaseRequest {
+            target: Some(AdminTarget {
+                scope: "gates".into(),
+                // The header's sf-string, unquoted.
+                key: key.trim_matches('"').to_owned(),
+                reason: "the holder looks stuck".into(),
+                operator: "test".into(),
+            }),
+        })
+        .await
+        .expect("release the lease");
+    let metrics = TestClient::new(
+        coordinator
+            .server
+            .logged_addr("serving metrics at /metrics"),
+    );
+    eventually(
+        "the sidecar's heartbeat to hear that its lease is lost",
+        Duration::from_secs(10),
+        || async {
+            let text = metrics
+                .send(Method::GET, "/metrics", None, "", &[])
+                .await
+                .text();
+            text.lines()
+                .any(|line| {
+                    line.starts_with("idempotency_rpcs_total{")
+                        && line.contains("method=\"ExtendLease\"")
+                        && line.contains("code=\"ABORTED\"")
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    upstream.open_gate();
+    let reply = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the upstream's answer within 10 s")
+        .unwrap();
+    // The call the upstream was answering was not cut off: its answer
+    // reaches the client that caused it, though it was not stored.
+    assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    assert_eq!(reply.text(), "{\"effect\":1}");
+    assert!(!reply.replayed());
+    assert_eq!(upstream.count("/gate"), 1);
 }
 
 #[tokio::test]

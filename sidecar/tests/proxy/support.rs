@@ -26,13 +26,19 @@ pub struct Coordinator {
 
 impl Coordinator {
     pub async fn start() -> Coordinator {
+        Coordinator::start_with(&[]).await
+    }
+
+    /// With `flags` beyond the health interval.
+    pub async fn start_with(flags: &[&str]) -> Coordinator {
         let db = TestDatabase::create().await;
         let launch = Launch {
             binary: Some(binary::path()),
             ..Launch::default()
         };
-        let flags = ["--health-interval", "200ms"];
-        let server = ServerProcess::launch(&db.url, &flags, launch).await;
+        let mut all = vec!["--health-interval", "200ms"];
+        all.extend_from_slice(flags);
+        let server = ServerProcess::launch(&db.url, &all, launch).await;
         Coordinator { server, db }
     }
 
