@@ -204,9 +204,10 @@ pub struct Args {
     /// `text` or `json` log lines.
     #[arg(long, env = "IDEMPOTENCY_SIDECAR_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
-    /// Threads that serve requests: 0 for one per core; 1 runs everything
-    /// on one thread, so no request's steps hop between threads.
-    #[arg(long, env = "IDEMPOTENCY_SIDECAR_WORKER_THREADS", default_value_t = 0)]
+    /// Threads that serve requests: 1 (the default) runs everything on one
+    /// thread, so no request's steps hop between threads; 0 for one per core
+    /// the machine has (not the container's CPU limit); N for N.
+    #[arg(long, env = "IDEMPOTENCY_SIDECAR_WORKER_THREADS", default_value_t = 1)]
     pub worker_threads: usize,
 }
 
@@ -409,12 +410,12 @@ mod tests {
         assert_eq!(settings.max_request_body, 1024 * 1024);
         assert!(args.routes().is_ok());
         assert!(args.coordinator_options().unwrap().tls.is_none());
-        assert_eq!(args.worker_threads, 0, "one thread per core");
+        assert_eq!(args.worker_threads, 1, "one thread");
     }
 
     #[test]
-    fn worker_threads_may_be_one() {
-        assert_eq!(args(&["--worker-threads", "1"]).unwrap().worker_threads, 1);
+    fn worker_threads_may_be_one_per_core() {
+        assert_eq!(args(&["--worker-threads", "0"]).unwrap().worker_threads, 0);
     }
 
     #[test]
