@@ -46,6 +46,11 @@ export class CoordinatorError extends Error {
   readonly rawMessage: string;
   /** The RPC that failed, for example "Acquire". */
   readonly rpc: string | undefined;
+  /**
+   * Set when runOnce's work returned a value and only the Complete that
+   * would store it failed: the work ran, and this is what it returned.
+   */
+  unrecorded?: { readonly value: unknown };
 
   constructor(error: ConnectError, rpc?: string) {
     super(

@@ -113,7 +113,7 @@ export interface ExhaustedOutcome {
   readonly record: CoordinatorRecord;
 }
 /** The lease was taken over while the work ran, or the late Complete was refused; nothing was stored. */
-export interface LeaseLostOutcome {
+export interface LeaseLostOutcome<T = unknown> {
   readonly kind: "lease_lost";
   /** "LEASE_LOST" or "LEASE_EXPIRED". */
   readonly reason: string;
@@ -122,6 +122,11 @@ export interface LeaseLostOutcome {
   readonly fencingToken: bigint;
   /** What the work threw, when it threw (typically an AbortError after its signal fired). */
   readonly workError?: unknown;
+  /**
+   * What the work returned, when it returned (`"value" in outcome`): the
+   * work ran, and its value was not stored.
+   */
+  readonly value?: T;
 }
 
 export type RunOnceOutcome<T> =
@@ -130,7 +135,7 @@ export type RunOnceOutcome<T> =
   | RetryLaterOutcome
   | ConflictOutcome
   | ExhaustedOutcome
-  | LeaseLostOutcome;
+  | LeaseLostOutcome<T>;
 
 /**
  * Runs `work` at most once for (scope, key) across every caller of the
@@ -292,13 +297,13 @@ async function holdLease<T>(
     callerSignal?.removeEventListener("abort", onCallerAbort);
   }
 
-  const leaseLost = (error: CoordinatorError): LeaseLostOutcome => ({
+  const leaseLost = (error: CoordinatorError): LeaseLostOutcome<T> => ({
     kind: "lease_lost",
     reason: error.reason ?? error.codeName,
     error,
     attempt: lease.attempt,
     fencingToken: lease.fencingToken,
-    ...(outcome.ok ? {} : { workError: outcome.error }),
+    ...(outcome.ok ? { value: outcome.value } : { workError: outcome.error }),
   });
   // The heartbeat heard that another caller may run the work: never Complete.
   if (lost !== undefined) return leaseLost(lost);
@@ -334,6 +339,8 @@ async function holdLease<T>(
         return { kind: "done", value, replayed: false, record: stored };
       } catch (error) {
         if (error instanceof CoordinatorError && error.code === Code.Aborted) return leaseLost(error);
+        // The work ran: its value goes back with the error.
+        if (error instanceof CoordinatorError) error.unrecorded = { value };
         throw error;
       }
     }

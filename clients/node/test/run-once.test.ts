@@ -270,6 +270,7 @@ describe("runOnce", () => {
     assert.equal(outcome.attempt, 1);
     assert.ok(aLease.signal.aborted);
     assert.equal(outcome.workError, aLease.signal.reason);
+    assert.ok(!("value" in outcome), "the work threw: it returned nothing");
     // The template did not Complete: B still holds the key.
     const held = await record(key);
     assert.equal(held.status, Status.PROCESSING);
@@ -318,6 +319,8 @@ describe("runOnce", () => {
     assert.ok(outcome.kind === "lease_lost", `outcome ${outcome.kind}`);
     assert.equal(outcome.reason, "LEASE_LOST");
     assert.equal(outcome.workError, undefined);
+    // The work ran: what it returned comes back, not stored.
+    assert.equal(outcome.value, "late result");
     const held = await record(key);
     assert.equal(held.status, Status.PROCESSING);
     assert.equal(held.fencingToken, b.lease?.fencingToken);

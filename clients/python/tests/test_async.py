@@ -165,6 +165,7 @@ async def test_taken_over_holder_is_cancelled_and_its_late_complete_refused(
         await asyncio.wait_for(a, 30)
     assert lost.value.reason in ("LEASE_LOST", "LEASE_EXPIRED")
     assert holder.get("cancelled") is True
+    assert not lost.value.has_unrecorded_value, "the work was cancelled: it returned nothing"
 
     with pytest.raises(grpc.aio.AioRpcError) as late:
         await stub.Complete(
@@ -195,6 +196,8 @@ async def test_taken_over_without_heartbeat_complete_is_refused(
     with pytest.raises(LeaseLost) as lost:
         await asyncio.wait_for(a, 30)
     assert lost.value.reason == "LEASE_LOST"
+    # The work ran: what it returned comes back, not stored.
+    assert lost.value.has_unrecorded_value and lost.value.unrecorded_value == "A"
     rec = await client.get(scope, key)
     assert rec.status == pb.STATUS_PROCESSING and rec.fencing_token == b.lease.fencing_token
 

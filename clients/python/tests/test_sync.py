@@ -285,6 +285,8 @@ def test_taken_over_without_heartbeat_complete_is_refused(
     a.join(30)
     assert isinstance(holder.get("error"), LeaseLost), holder
     assert holder["error"].reason == "LEASE_LOST"
+    # The work ran: what it returned comes back, not stored.
+    assert holder["error"].has_unrecorded_value and holder["error"].unrecorded_value == "A"
     rec = client.get(scope, key)
     assert rec.status == pb.STATUS_PROCESSING and rec.fencing_token == b.lease.fencing_token
 

@@ -270,7 +270,11 @@ class AsyncClient:
                 beat.cancel()
         if ctx.lost.is_set():
             cause = None if work_task.cancelled() else work_task.exception()
-            raise (ctx.lost_reason or c.lease_lost(scope, key)) from cause
+            lost = ctx.lost_reason or c.lease_lost(scope, key)
+            if not work_task.cancelled() and cause is None:
+                # The work returned before it heard: it ran.
+                lost = c.unrecorded(lost, work_task.result())
+            raise lost from cause
         if work_task.cancelled():
             # The work cancelled itself.
             raise asyncio.CancelledError()
@@ -289,8 +293,10 @@ class AsyncClient:
         try:
             done = await self._call(self.stub.Complete, complete, opts, opts.timeout)
         except CoordinatorError as err:
+            # The work ran: its value goes back with the error.
             if c.is_lease_error(err):
-                raise c.lease_lost(scope, key, err) from None
+                raise c.unrecorded(c.lease_lost(scope, key, err), value) from None
+            c.unrecorded(err, value)
             raise
         return c.RunResult(value=value, replayed=False, record=done.record, lease=c.lease_info(resp.lease))
 

@@ -19,6 +19,7 @@ from ._errors import (
     Conflict,
     CoordinatorError,
     Exhausted,
+    IdempotencyError,
     InProgress,
     LeaseLost,
     PermanentError,
@@ -293,6 +294,17 @@ def failure_request(scope: str, key: str, token: str, exc: BaseException, opts: 
     if isinstance(exc, TransientError) and exc.retry_after is not None:
         failure.retry_after.CopyFrom(to_duration(exc.retry_after))
     return pb.CompleteRequest(scope=scope, key=key, lease_token=token, failure=failure)
+
+
+E = TypeVar("E", bound=IdempotencyError)
+
+
+def unrecorded(err: E, value: Any) -> E:
+    """``err``, carrying the value the work returned that ``err`` kept from
+    being stored."""
+    err.unrecorded_value = value
+    err.has_unrecorded_value = True
+    return err
 
 
 def lease_lost(scope: str, key: str, err: Optional[CoordinatorError] = None) -> LeaseLost:

@@ -36,7 +36,17 @@ _DETAILS_KEY = "grpc-status-details-bin"
 
 
 class IdempotencyError(Exception):
-    """Base of every exception this library raises of its own."""
+    """Base of every exception this library raises of its own.
+
+    When ``run_once``'s work returned a value but the Complete that would
+    have stored it failed (:class:`LeaseLost`, or a :class:`CoordinatorError`
+    after its retries), the work did run: ``has_unrecorded_value`` is True
+    and ``unrecorded_value`` is what it returned, not stored."""
+
+    #: What the work returned, when only its Complete failed.
+    unrecorded_value: Any = None
+    #: Whether ``unrecorded_value`` holds the work's value.
+    has_unrecorded_value: bool = False
 
 
 class OutcomeError(IdempotencyError):

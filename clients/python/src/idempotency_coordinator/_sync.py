@@ -350,13 +350,15 @@ class Client:
         finally:
             ctx._stopped.set()
             c.reset_current(token)
+        # From here on the work has run: its value goes back with any error.
         if ctx.lost.is_set():
-            raise ctx.lost_reason or c.lease_lost(scope, key)
+            raise c.unrecorded(ctx.lost_reason or c.lease_lost(scope, key), value)
         try:
             done = self._call(self.stub.Complete, complete, opts, opts.timeout)
         except CoordinatorError as err:
             if c.is_lease_error(err):
-                raise c.lease_lost(scope, key, err) from None
+                raise c.unrecorded(c.lease_lost(scope, key, err), value) from None
+            c.unrecorded(err, value)
             raise
         return c.RunResult(value=value, replayed=False, record=done.record, lease=c.lease_info(resp.lease))
 
