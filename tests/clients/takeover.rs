@@ -12,7 +12,8 @@ use idempotency_client::proto::{
     CompleteRequest, Decision, Lease, Status, Success, complete_request,
 };
 use idempotency_client::{
-    CallError, Code, Fingerprint, Heartbeat, RunOnceError, RunOptions, WhenLeaseLost, WorkError,
+    CallError, Code, Done, Fingerprint, Heartbeat, RunOnceError, RunOptions, WhenLeaseLost,
+    WorkError,
 };
 use tokio::sync::oneshot;
 
@@ -44,6 +45,27 @@ async fn take_over(fixture: &Fixture, scope: &str, key: &str) -> Lease {
         },
     )
     .await
+}
+
+/// A's outcome gives back A's value, unrecorded because the lease was
+/// lost, and the record is still B's, with nothing of A's stored.
+async fn not_recorded_and_held_by_b(
+    outcome: Result<Done<String>, RunOnceError<String, String>>,
+    fixture: &Fixture,
+    key: &str,
+    lease_b: &Lease,
+) {
+    match outcome {
+        Err(RunOnceError::NotRecorded { value, error }) => {
+            assert_eq!(value, "from A", "A's value comes back to A");
+            assert!(error.is_lease_lost(), "{error}");
+        }
+        other => panic!("expected NotRecorded, got {other:?}"),
+    }
+    let record = fixture.record("jobs.export", key).await;
+    assert_eq!(record.status(), Status::Processing, "A stored nothing");
+    assert_eq!(record.fencing_token, lease_b.fencing_token);
+    assert!(record.result.is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -180,21 +202,7 @@ async fn without_a_heartbeat_a_late_holder_hears_lease_lost_from_its_complete() 
     let outcome = within("A's run_once to end", Duration::from_secs(10), a)
         .await
         .unwrap();
-    match outcome {
-        Err(RunOnceError::NotRecorded { value, error }) => {
-            assert_eq!(value, "from A", "A's value comes back to A");
-            assert!(error.is_lease_lost(), "{error}");
-        }
-        other => panic!("expected NotRecorded, got {other:?}"),
-    }
-    let record = fixture.record("jobs.export", &key).await;
-    assert_eq!(
-        record.status(),
-        Status::Processing,
-        "A's result was not stored"
-    );
-    assert_eq!(record.fencing_token, lease_b.fencing_token);
-    assert!(record.result.is_none());
+    not_recorded_and_held_by_b(outcome, &fixture, &key, &lease_b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -253,15 +261,5 @@ async fn work_let_finish_after_its_lease_was_lost_is_told_runs_on_and_keeps_its_
     let outcome = within("A's run_once to end", Duration::from_secs(10), a)
         .await
         .unwrap();
-    match outcome {
-        Err(RunOnceError::NotRecorded { value, error }) => {
-            assert_eq!(value, "from A");
-            assert!(error.is_lease_lost(), "{error}");
-        }
-        other => panic!("expected NotRecorded, got {other:?}"),
-    }
-    let record = fixture.record("jobs.export", &key).await;
-    assert_eq!(record.status(), Status::Processing, "A stored nothing");
-    assert_eq!(record.fencing_token, lease_b.fencing_token);
-    assert!(record.result.is_none());
+    not_recorded_and_held_by_b(outcome, &fixture, &key, &lease_b).await;
 }
