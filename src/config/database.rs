@@ -15,13 +15,14 @@ use crate::store::StoreConfig;
 pub const DEFAULT_POOL_SIZE: usize = 16;
 /// How long a call waits for a database connection before UNAVAILABLE.
 pub const DEFAULT_CONNECT_WAIT: Duration = Duration::from_secs(1);
-/// Connections all calls share, their statements pipelined, and batches of
-/// each kind running at once (measured best on 2 cores; see README); 0: a
-/// pooled connection per call.
+/// Connections all calls share, their statements pipelined (measured best
+/// on 2 cores; see README); 0: a pooled connection per call.
 pub const DEFAULT_SHARED_CONNECTIONS: usize = 2;
 /// Acquires (or Completes) that one statement carries at most when they
 /// arrive together; 1: each runs alone.
 pub const DEFAULT_BATCH_SIZE: usize = 64;
+/// One batch at a time: see docs/performance.md, "One batch worker".
+pub const DEFAULT_BATCH_WORKERS: usize = 1;
 /// Memory for SUCCEEDED records that replays are answered from, in MiB.
 pub const DEFAULT_REPLAY_CACHE_MIB: u64 = 8;
 /// How long one statement may take before the call answers UNAVAILABLE.
@@ -72,10 +73,12 @@ pub struct StatementArgs {
           value_parser = TypedValueParser::map(clap::value_parser!(u16).range(1..=1000), usize::from))]
     pub batch_size: usize,
 
-    /// Batches running at once (0: two per shared connection). Fewer make
-    /// bigger batches and fewer commits per call; more keep the database
-    /// busy while each batch waits for its commit.
-    #[arg(long, env = "IDEMPOTENCY_BATCH_WORKERS", default_value_t = 0)]
+    /// Batches running at once (0: two per shared connection). One, the
+    /// default, makes the biggest batches: the fewest commits and the least
+    /// database CPU per call, while calls queue during each commit; more
+    /// keep the database busy while each batch waits for its commit, for a
+    /// database with cores to spare.
+    #[arg(long, env = "IDEMPOTENCY_BATCH_WORKERS", default_value_t = DEFAULT_BATCH_WORKERS)]
     pub batch_workers: usize,
 
     /// Memory, in MiB, for SUCCEEDED records that repeated Acquires are
@@ -114,7 +117,7 @@ impl StoreConfig {
             query_timeout: DEFAULT_QUERY_TIMEOUT,
             shared_connections: DEFAULT_SHARED_CONNECTIONS,
             batch_size: DEFAULT_BATCH_SIZE,
-            batch_workers: 0,
+            batch_workers: DEFAULT_BATCH_WORKERS,
             replay_cache_bytes: DEFAULT_REPLAY_CACHE_MIB << 20,
             citus_direct: true,
         }

@@ -4,10 +4,11 @@
 //! (`calls::HotCall`): a cycle's Acquire and another caller's Complete
 //! share a commit.
 //!
-//! - **Never waits for company.** A few workers take whatever calls
-//!   are queued the moment they are free; an idle server runs each call as
-//!   soon as it arrives, alone. Batches form only while every worker is busy,
-//!   which is exactly when sharing a commit pays.
+//! - **Never waits for company.** The workers (one unless
+//!   `--batch-workers` says more) take whatever calls are queued the moment
+//!   they are free; an idle server runs each call as soon as it arrives,
+//!   alone. Batches form only while every worker is busy, which is exactly
+//!   when sharing a commit pays.
 //! - **Durable before answered.** A caller hears its answer only after the
 //!   batch's statement returned, and the statement returns after its commit.
 //! - **No deadlocks between batches.** Calls are ordered by (tenant, scope,

@@ -116,10 +116,9 @@ impl Store {
                 let settings = batch::Settings {
                     mux: Arc::clone(mux),
                     clock: clock.clone(),
-                    // By default two statements in flight per shared
-                    // connection: fewer workers make bigger batches and
-                    // fewer commits, but leave the database idle while each
-                    // waits for its commit (docs/performance.md).
+                    // One worker by default: the biggest batches, the
+                    // fewest commits; more keep the database busy while
+                    // each waits for its commit (docs/performance.md).
                     workers: match config.batch_workers {
                         0 => 2 * config.shared_connections,
                         n => n,
