@@ -16,6 +16,8 @@ use serde_json::{Value, json};
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 
+use crate::helpers::eventually;
+
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 /// The key WebDriver names an element by.
@@ -264,51 +266,32 @@ impl Browser {
 
     /// Waits until the text of `css` is `wanted`.
     pub async fn until_text(&self, css: &str, wanted: &str, within: Duration) {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            if !self.find_all(css).await.is_empty() && self.text(css).await == wanted {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{css} did not become {wanted:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let what = format!("{css} to become {wanted:?}");
+        eventually(&what, within, || async {
+            (!self.find_all(css).await.is_empty() && self.text(css).await == wanted).then_some(())
+        })
+        .await;
     }
 
     /// Waits up to `within` for the page's address to contain `wanted`
     /// (a click that navigates may answer before the new page is there).
     pub async fn until_url_has(&self, wanted: &str, within: Duration) {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            let url = self.url().await;
-            if url.contains(wanted) {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the address never showed {wanted:?}: {url}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let what = format!("the address to show {wanted:?}");
+        eventually(&what, within, || async {
+            self.url().await.contains(wanted).then_some(())
+        })
+        .await;
     }
 
     /// Waits up to `within` for the page's source to contain one of
     /// `wanted` (a form's answer loads after the click that sent it).
     pub async fn until_source_has(&self, wanted: &[&str], within: Duration) {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
+        let what = format!("the page to show any of {wanted:?}");
+        eventually(&what, within, || async {
             let source = self.source().await;
-            if wanted.iter().any(|w| source.contains(w)) {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the page never showed any of {wanted:?}: {source}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            wanted.iter().any(|w| source.contains(w)).then_some(())
+        })
+        .await;
     }
 
     pub async fn quit(mut self) {
