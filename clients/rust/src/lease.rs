@@ -236,7 +236,7 @@ impl Lease {
 
 /// Runs `work` under `lease`, extended every `interval` until the work
 /// ends. When the lease is lost meanwhile: with [`WhenLeaseLost::DropWork`]
-/// the work's future is dropped and the answer is
+/// a work still running is dropped and the answer is
 /// [`RunOnceError::LeaseLost`]; with [`WhenLeaseLost::LetFinish`] the work
 /// runs on (told through the lease) and its outcome is returned, for the
 /// Complete to be tried and refused.
@@ -254,10 +254,12 @@ where
     let beating =
         AbortOnDrop(interval.map(|every| tokio::spawn(heartbeat(Arc::clone(&inner), every))));
     let outcome = match when_lost {
+        // A work that has already returned keeps its value (its Complete is
+        // refused: NotRecorded); one still running is dropped.
         WhenLeaseLost::DropWork => tokio::select! {
             biased;
+            outcome = work(lease) => Some(outcome),
             () = inner.lost.cancelled() => None,
-            outcome = work(lease) => Some(outcome).filter(|_| !inner.lost.is_cancelled()),
         },
         WhenLeaseLost::LetFinish => Some(work(lease).await),
     };
