@@ -4,6 +4,7 @@
 //! A's is stored, and a value A's work returned comes back to A as
 //! NOT_RECORDED.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -12,10 +13,11 @@ use idempotency_client::proto::{
     CompleteRequest, Decision, Lease, Status, Success, complete_request,
 };
 use idempotency_client::{
-    CallError, Code, Done, Fingerprint, Heartbeat, RunOnceError, RunOptions, WhenLeaseLost,
+    CallError, Client, Code, Done, Fingerprint, Heartbeat, RunOnceError, RunOptions, WhenLeaseLost,
     WorkError,
 };
 use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 
 use crate::support::*;
 
@@ -45,6 +47,25 @@ async fn take_over(fixture: &Fixture, scope: &str, key: &str) -> Lease {
         },
     )
     .await
+}
+
+/// A's `run_once` of `work` on ("jobs.export", `key`), in a task of its
+/// own.
+fn run_a<F, Fut>(
+    client: Client,
+    key: String,
+    options: RunOptions,
+    work: F,
+) -> JoinHandle<Result<Done<String>, RunOnceError<String, String>>>
+where
+    F: FnOnce(idempotency_client::Lease) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<String, WorkError<String>>> + Send + 'static,
+{
+    tokio::spawn(async move {
+        client
+            .run_once("jobs.export", &key, Fingerprint::None, &options, work)
+            .await
+    })
 }
 
 /// A's outcome gives back A's value, unrecorded because the lease was
@@ -84,30 +105,20 @@ async fn a_holder_whose_lease_was_taken_over_is_told_and_its_late_complete_refus
     let dropped = Arc::new(AtomicBool::new(false));
 
     let a = {
-        let (key, told, dropped) = (key.clone(), told.clone(), dropped.clone());
-        tokio::spawn(async move {
-            client
-                .run_once(
-                    "jobs.export",
-                    &key,
-                    Fingerprint::None,
-                    &options,
-                    |lease| async move {
-                        let _dropped = SetOnDrop(dropped);
-                        let cancelled = lease.cancellation_token();
-                        tokio::spawn(async move {
-                            cancelled.cancelled().await;
-                            told.store(true, Ordering::SeqCst);
-                        });
-                        started
-                            .send((lease.token().to_owned(), lease.fencing_token()))
-                            .unwrap();
-                        // A work that would never end on its own.
-                        std::future::pending::<()>().await;
-                        Ok::<_, WorkError<String>>("from A".to_owned())
-                    },
-                )
-                .await
+        let (told, dropped) = (told.clone(), dropped.clone());
+        run_a(client, key.clone(), options, |lease| async move {
+            let _dropped = SetOnDrop(dropped);
+            let cancelled = lease.cancellation_token();
+            tokio::spawn(async move {
+                cancelled.cancelled().await;
+                told.store(true, Ordering::SeqCst);
+            });
+            started
+                .send((lease.token().to_owned(), lease.fencing_token()))
+                .unwrap();
+            // A work that would never end on its own.
+            std::future::pending::<()>().await;
+            Ok("from A".to_owned())
         })
     };
     let (token_a, fencing_a) = within("A's work to start", Duration::from_secs(10), lease_of_a)
@@ -172,26 +183,13 @@ async fn without_a_heartbeat_a_late_holder_hears_lease_lost_from_its_complete() 
     let (started, a_started) = oneshot::channel();
     let (taken_over, b_took_over) = oneshot::channel::<()>();
 
-    let a = {
-        let key = key.clone();
-        tokio::spawn(async move {
-            client
-                .run_once(
-                    "jobs.export",
-                    &key,
-                    Fingerprint::None,
-                    &options,
-                    |lease| async move {
-                        started.send(lease.fencing_token()).unwrap();
-                        // The work returns only once B holds the key.
-                        b_took_over.await.unwrap();
-                        assert!(!lease.is_lost(), "nobody told A: no heartbeat");
-                        Ok::<_, WorkError<String>>("from A".to_owned())
-                    },
-                )
-                .await
-        })
-    };
+    let a = run_a(client, key.clone(), options, |lease| async move {
+        started.send(lease.fencing_token()).unwrap();
+        // The work returns only once B holds the key.
+        b_took_over.await.unwrap();
+        assert!(!lease.is_lost(), "nobody told A: no heartbeat");
+        Ok("from A".to_owned())
+    });
     let fencing_a = within("A's work to start", Duration::from_secs(10), a_started)
         .await
         .unwrap();
@@ -221,24 +219,14 @@ async fn work_let_finish_after_its_lease_was_lost_is_told_runs_on_and_keeps_its_
     let dropped = Arc::new(AtomicBool::new(false));
 
     let a = {
-        let (key, dropped) = (key.clone(), dropped.clone());
-        tokio::spawn(async move {
-            client
-                .run_once(
-                    "jobs.export",
-                    &key,
-                    Fingerprint::None,
-                    &options,
-                    |lease| async move {
-                        let _dropped = SetOnDrop(dropped);
-                        started.send(lease.clone()).unwrap();
-                        // Like a request already sent to another service:
-                        // it ends when that service answers.
-                        finished.await.unwrap();
-                        Ok::<_, WorkError<String>>("from A".to_owned())
-                    },
-                )
-                .await
+        let dropped = dropped.clone();
+        run_a(client, key.clone(), options, |lease| async move {
+            let _dropped = SetOnDrop(dropped);
+            started.send(lease.clone()).unwrap();
+            // Like a request already sent to another service:
+            // it ends when that service answers.
+            finished.await.unwrap();
+            Ok("from A".to_owned())
         })
     };
     let lease_a = within("A's work to start", Duration::from_secs(10), a_started)
