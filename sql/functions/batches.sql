@@ -27,9 +27,11 @@
 -- row. The decisions are the single-call functions':
 -- - Acquire: when the batch's read finds no row, the INSERT is the one
 --   idempotency_acquire would make; if another transaction created the row
---   meanwhile, the INSERT does nothing and idempotency_acquire decides. A
---   live row with a final answer is answered from the batch's read by
---   idempotency_final_decision; every other case runs idempotency_acquire.
+--   meanwhile, the INSERT does nothing (or, for keys created together
+--   after the loop, fails the batch: below) and idempotency_acquire
+--   decides. A live row with a final answer is answered from the batch's
+--   read by idempotency_final_decision; every other case runs
+--   idempotency_acquire.
 -- - Complete SUCCESS: the UPDATE's conditions are idempotency_complete's
 --   for applying a success (a live row whose latest lease is the caller's
 --   and has not been completed), checked on the row as it is once locked.
@@ -58,8 +60,20 @@
 -- every batch takes in key order too. So the batch checks that first; a
 -- batch that repeats a key (or comes unsorted, or on Citus, where
 -- p_completes_alone is set) creates each new key in the loop, as before.
--- A key another transaction created meanwhile is left alone by the INSERT
--- and decided by idempotency_acquire.
+-- That INSERT has no ON CONFLICT clause: an INSERT .. ON CONFLICT first
+-- probes the primary key for each row, then inserts it speculatively and
+-- confirms the insertion in a WAL record of its own (48 bytes a cycle, a
+-- twentieth of its WAL; bench/wal/breakdown.sh), and the probe and the
+-- confirmation cost a twentieth of a cycle's instructions. A key that
+-- another transaction created after the loop's read (a race of two
+-- replicas on one new key: within a server, one statement runs at a time
+-- on a shared connection) fails the INSERT with a unique violation; the
+-- statement then rolls back whole and the server runs its calls one by
+-- one, where idempotency_acquire decides that key on the other's record.
+-- Not a subtransaction (an EXCEPTION block) around the INSERT instead:
+-- every batch would then take a subtransaction id, and subtransactions
+-- beside a long-running transaction make every backend look them up in
+-- pg_subtrans, a known way for a busy PostgreSQL to stall.
 --
 -- idempotency_acquire_batch and idempotency_complete_batch are the batch of
 -- one kind, kept for servers of the previous release during a rolling
@@ -247,23 +261,13 @@ BEGIN
           FROM unnest(v_new) WITH ORDINALITY AS n(i, pos),
                LATERAL (SELECT clock_timestamp() + p_clock_offset_ms * interval '1 millisecond') t(now)
          ORDER BY n.pos
-        ON CONFLICT (tenant, scope, idempotency_key) DO NOTHING
         RETURNING k.*
     LOOP
         FOREACH ord IN ARRAY v_new LOOP
             EXIT WHEN p_key[ord] = rec.idempotency_key AND p_scope[ord] = rec.scope
                   AND p_tenant[ord] = rec.tenant;
         END LOOP;
-        v_new := array_remove(v_new, ord);
         RETURN NEXT;
-    END LOOP;
-    -- Created by another transaction since the loop's read.
-    FOREACH ord IN ARRAY v_new LOOP
-        RETURN QUERY
-            SELECT ord, a.decision, a.retry_after_ms, NULL::text, a.rec
-              FROM idempotency_acquire(p_tenant[ord], p_scope[ord], p_key[ord], p_fingerprint[ord],
-                                       p_request_id[ord], p_lease_ms[ord], p_max_attempts[ord],
-                                       p_retention_ms[ord], p_watch_ms[ord], p_clock_offset_ms) a;
     END LOOP;
 END;
 $$;

@@ -427,11 +427,21 @@ async fn run_group<C: Call>(
         Err(e @ StoreError::Unavailable(_)) if !e.is_conflict() => return fail_all(batch, e),
         Err(e) => {
             // The statement rolled back whole: every call may run again.
-            tracing::warn!(
-                calls = batch.len(),
-                error = ?e,
-                "a batch failed; running its calls one by one"
-            );
+            if e.is_key_created_meanwhile() {
+                // Two replicas raced to create one key: expected, and
+                // decided when the calls run alone.
+                tracing::debug!(
+                    calls = batch.len(),
+                    error = ?e,
+                    "a key of a batch was created meanwhile; running its calls one by one"
+                );
+            } else {
+                tracing::warn!(
+                    calls = batch.len(),
+                    error = ?e,
+                    "a batch failed; running its calls one by one"
+                );
+            }
             // Pipelined together: a call that fails every time costs its
             // batch-mates one more round trip, not one each.
             let alone = batch

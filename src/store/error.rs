@@ -57,6 +57,14 @@ impl StoreError {
                 )
             })
     }
+
+    /// A unique violation: the statement tried to create a record that
+    /// another transaction created after the statement looked for it (a
+    /// batch's new keys, `sql/functions/batches.sql`). The statement rolled
+    /// back whole; running its calls again decides on the other's record.
+    pub(super) fn is_key_created_meanwhile(&self) -> bool {
+        matches!(self, StoreError::Query(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION))
+    }
 }
 
 /// Lost connections, server shutdowns and resource exhaustion go away on their

@@ -229,6 +229,80 @@ async fn a_call_that_fails_in_a_batch_does_not_fail_the_others() {
     assert_eq!(app.db.count_records().await, 7, "the six and the gate");
 }
 
+/// A new key that another transaction creates after a batch looked for it
+/// (another replica's Acquire; here the test's own transaction): the
+/// batch's calls are each still decided once, that key on the other's
+/// record, and none fails.
+#[tokio::test]
+async fn a_key_created_by_another_transaction_during_a_batch_is_decided_on_that_record() {
+    let (app, db) = gated_app().await;
+    let other = app.db.connect().await;
+    other.batch_execute("BEGIN").await.unwrap();
+    let theirs: i64 = other
+        .query_one(
+            "SELECT (a.rec).fencing_token FROM idempotency_acquire(
+                 'default', 'batch', 'm1', '', 'theirs', 60000, 3, 3600000, 0, 0) a",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+
+    shut_gate(&db).await;
+    let gate = gate_acquire(&app, "gate-m");
+    until_gate_holds(&db).await;
+    let keys = ["m0", "m1", "m2"];
+    let calls: Vec<_> = keys
+        .iter()
+        .map(|k| acquire_in_background(&app, k))
+        .collect();
+    until_queued(&app, keys.len()).await;
+    open_gate(&db, gate).await;
+    // The batch found no m1 and now waits for the transaction creating it.
+    eventually(
+        "the batch to wait for the other transaction",
+        Duration::from_secs(10),
+        || async {
+            let waiting: i64 = db
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE datname = current_database() AND wait_event = 'transactionid'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            (waiting > 0).then_some(())
+        },
+    )
+    .await;
+    other.batch_execute("COMMIT").await.unwrap();
+
+    let answers: Vec<_> = join_all(calls)
+        .await
+        .into_iter()
+        .map(|a| a.unwrap().expect("no call fails"))
+        .collect();
+    let decided: Vec<_> = answers
+        .iter()
+        .map(|a| (a.record.as_ref().unwrap().key.as_str(), decision(a)))
+        .collect();
+    assert_eq!(
+        decided,
+        [
+            ("m0", Decision::Proceed),
+            ("m1", Decision::InProgress),
+            ("m2", Decision::Proceed)
+        ]
+    );
+    assert_eq!(
+        i64::try_from(answers[1].record.as_ref().unwrap().fencing_token).unwrap(),
+        theirs,
+        "m1 is answered with the other transaction's lease"
+    );
+    assert_eq!(app.db.count_records().await, 4, "the three and the gate");
+}
+
 /// A statement that outlives the query timeout is rolled back by PostgreSQL
 /// itself, so the caller's UNAVAILABLE is the whole truth: it never commits
 /// later.
