@@ -87,6 +87,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "less_wal_per_cycle",
         sql: include_str!("../../sql/migrations/0003_less_wal_per_cycle.sql"),
     },
+    Migration {
+        version: 4,
+        name: "complete_logs_what_it_changes",
+        sql: include_str!("../../sql/migrations/0004_complete_logs_what_it_changes.sql"),
+    },
 ];
 
 /// One file of functions, applied again whenever its contents change.

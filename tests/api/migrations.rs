@@ -35,6 +35,11 @@ const RELEASED: &[(i32, &str, &str)] = &[
         "less_wal_per_cycle",
         "69ca2de1101a270349e1b07c1d7d09647b0128899ea85870fd5909035bf6e222",
     ),
+    (
+        4,
+        "complete_logs_what_it_changes",
+        "f30292acc6f8c95eaf981c27646d29fc954dabaabab309b1a98829af2dc848b1",
+    ),
 ];
 
 #[test]
@@ -264,6 +269,124 @@ async fn a_database_of_the_prerelease_chain_upgrades_to_a_fresh_databases_schema
     assert_eq!(db.count_records().await, 2);
 }
 
+/// Columns of the records table in the order they are stored.
+async fn column_order(client: &Client) -> Vec<String> {
+    text_rows(
+        client,
+        "SELECT column_name FROM information_schema.columns
+          WHERE table_schema = 'public' AND table_name = 'idempotency_keys'
+          ORDER BY ordinal_position",
+    )
+    .await
+}
+
+/// A new database stores the columns a successful Complete changes after
+/// those it never changes, so that its UPDATE logs only the end of the row;
+/// a database whose table is in use keeps its order and answers alike.
+#[tokio::test]
+async fn a_new_table_stores_what_a_complete_changes_last_and_one_in_use_keeps_its_order() {
+    let db = TestDatabase::create().await;
+    let server = start_server(ServeConfig::new(
+        "127.0.0.1:0".parse().unwrap(),
+        db.url.clone(),
+    ))
+    .await;
+    let mut c = server.client.clone();
+    let lease = proceed(&mut c, acquire("s", "k")).await;
+    let client = db.connect().await;
+    let before: Vec<String> =
+        text_rows(&client, "SELECT to_jsonb(k) FROM idempotency_keys k").await;
+    complete_ok(&mut c, complete("s", "k", &token(&lease), success(b"ok"))).await;
+    server.stop().await;
+    let after: Vec<String> = text_rows(&client, "SELECT to_jsonb(k) FROM idempotency_keys k").await;
+    let (before, after): (serde_json::Value, serde_json::Value) = (
+        serde_json::from_str(&before[0]).unwrap(),
+        serde_json::from_str(&after[0]).unwrap(),
+    );
+    let order = column_order(&client).await;
+    let changed: Vec<usize> = order
+        .iter()
+        .enumerate()
+        .filter(|(_, column)| before[column.as_str()] != after[column.as_str()])
+        .map(|(position, _)| position)
+        .collect();
+    // Columns a Complete keeps that hold bytes (not NULL, not empty)
+    // must all come before the first one it changes.
+    let empty = |v: &serde_json::Value| v.is_null() || v == "" || v == "\\x";
+    let kept_among_changed: Vec<&str> = order
+        .iter()
+        .enumerate()
+        .skip(changed[0])
+        .filter(|(position, column)| {
+            !changed.contains(position) && !empty(&before[column.as_str()])
+        })
+        .map(|(_, column)| column.as_str())
+        .collect();
+    assert!(
+        kept_among_changed.is_empty(),
+        "a Complete would log again what it keeps: {kept_among_changed:?} in {order:?}"
+    );
+
+    // A database that the release before 0004 migrated and served: its
+    // table holds a record when 0004 comes, so it keeps the baseline's
+    // order, and a server on it answers as on a new one.
+    let used = TestDatabase::create().await;
+    let mut client = used.connect().await;
+    client
+        .batch_execute(
+            "CREATE TABLE idempotency_schema_migrations (
+                 version    integer     PRIMARY KEY,
+                 name       text        NOT NULL,
+                 checksum   text        NOT NULL,
+                 applied_at timestamptz NOT NULL DEFAULT now()
+             )",
+        )
+        .await
+        .unwrap();
+    for m in migrate::MIGRATIONS.iter().take_while(|m| m.version < 4) {
+        client.batch_execute(m.sql).await.unwrap();
+        client
+            .execute(
+                "INSERT INTO idempotency_schema_migrations (version, name, checksum)
+                 VALUES ($1, $2, $3)",
+                &[&m.version, &m.name, &migrate::checksum(m.sql)],
+            )
+            .await
+            .unwrap();
+    }
+    client
+        .batch_execute(
+            "INSERT INTO idempotency_keys (tenant, scope, idempotency_key, status, fingerprint,
+                 attempt_count, max_attempts, retention, lease_token, lease_request_id,
+                 next_retry_at, created_at, updated_at, expires_at)
+             VALUES ('default', 's', 'old', 'FAILED', '', 1, 3, '1 hour', gen_random_uuid(), '',
+                 now(), now(), now(), now() + interval '1 hour')",
+        )
+        .await
+        .unwrap();
+    let baseline = column_order(&client).await;
+    assert_ne!(baseline, order, "a new table is stored in another order");
+    migrate::migrate(&mut client).await.unwrap();
+    assert_eq!(column_order(&client).await, baseline, "kept");
+    drop(client);
+
+    let server = start_server(ServeConfig::new(
+        "127.0.0.1:0".parse().unwrap(),
+        used.url.clone(),
+    ))
+    .await;
+    let mut c = server.client.clone();
+    for key in ["k", "old"] {
+        let lease = proceed(&mut c, acquire("s", key)).await;
+        let done = complete_ok(&mut c, complete("s", key, &token(&lease), success(b"ok"))).await;
+        assert_eq!(status_of(&done), Status::Succeeded);
+        let replay = c.acquire(acquire("s", key)).await.unwrap().into_inner();
+        assert_eq!(decision(&replay), Decision::AlreadyDone);
+        assert_eq!(replay.record.unwrap().result.unwrap().result, b"ok");
+    }
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_database_of_part_of_the_prerelease_chain_upgrades_too() {
     let fresh_db = TestDatabase::create().await;
@@ -360,12 +483,14 @@ async fn apply_prerelease_chain(client: &Client, n: usize) {
 
 /// The schema as the catalog describes it: columns, constraints, indexes,
 /// sequences, types and every function's full definition, one line each.
+/// Columns by name, not by position: a table in use keeps its columns'
+/// order (0004_complete_logs_what_it_changes.sql), and every reader and
+/// writer names them.
 async fn schema(client: &Client) -> Vec<String> {
     let queries = [
-        "SELECT table_name, ordinal_position, column_name, data_type, is_nullable,
-                column_default
+        "SELECT table_name, column_name, data_type, is_nullable, column_default
            FROM information_schema.columns WHERE table_schema = 'public'
-          ORDER BY table_name, ordinal_position",
+          ORDER BY table_name, column_name",
         "SELECT conrelid::regclass::text, conname, contype, pg_get_constraintdef(oid)
            FROM pg_constraint WHERE connamespace = 'public'::regnamespace
           ORDER BY 1, 2",
