@@ -262,18 +262,7 @@ async fn a_key_created_by_another_transaction_during_a_batch_is_decided_on_that_
     eventually(
         "the batch to wait for the other transaction",
         Duration::from_secs(10),
-        || async {
-            let waiting: i64 = db
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity \
-                     WHERE datname = current_database() AND wait_event = 'transactionid'",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            (waiting > 0).then_some(())
-        },
+        || async { (waiting_on(&db, "transactionid").await > 0).then_some(()) },
     )
     .await;
     other.batch_execute("COMMIT").await.unwrap();

@@ -332,28 +332,11 @@ async fn a_new_table_stores_what_a_complete_changes_last_and_one_in_use_keeps_it
     // order, and a server on it answers as on a new one.
     let used = TestDatabase::create().await;
     let mut client = used.connect().await;
-    client
-        .batch_execute(
-            "CREATE TABLE idempotency_schema_migrations (
-                 version    integer     PRIMARY KEY,
-                 name       text        NOT NULL,
-                 checksum   text        NOT NULL,
-                 applied_at timestamptz NOT NULL DEFAULT now()
-             )",
-        )
-        .await
-        .unwrap();
-    for m in migrate::MIGRATIONS.iter().take_while(|m| m.version < 4) {
-        client.batch_execute(m.sql).await.unwrap();
-        client
-            .execute(
-                "INSERT INTO idempotency_schema_migrations (version, name, checksum)
-                 VALUES ($1, $2, $3)",
-                &[&m.version, &m.name, &migrate::checksum(m.sql)],
-            )
-            .await
-            .unwrap();
-    }
+    let before_0004 = migrate::MIGRATIONS
+        .iter()
+        .take_while(|m| m.version < 4)
+        .map(|m| (m.version, m.name.to_owned(), m.sql.to_owned()));
+    apply_recorded(&client, before_0004).await;
     client
         .batch_execute(
             "INSERT INTO idempotency_keys (tenant, scope, idempotency_key, status, fingerprint,
@@ -457,6 +440,16 @@ fn prerelease_files() -> Vec<(i32, String, String)> {
 /// Migrates the database as the pre-release runner did: the first `n`
 /// migrations of the chain, each recorded with its checksum.
 async fn apply_prerelease_chain(client: &Client, n: usize) {
+    apply_recorded(client, prerelease_files().into_iter().take(n)).await;
+}
+
+/// Applies `migrations` (version, name, contents) in order, each recorded
+/// with its checksum as the runner records it, into a database without a
+/// record of any.
+async fn apply_recorded(
+    client: &Client,
+    migrations: impl IntoIterator<Item = (i32, String, String)>,
+) {
     client
         .batch_execute(
             "CREATE TABLE idempotency_schema_migrations (
@@ -468,7 +461,7 @@ async fn apply_prerelease_chain(client: &Client, n: usize) {
         )
         .await
         .unwrap();
-    for (version, name, sql) in prerelease_files().into_iter().take(n) {
+    for (version, name, sql) in migrations {
         client.batch_execute(&sql).await.unwrap();
         client
             .execute(

@@ -61,10 +61,16 @@ pub async fn batched<T: Send + 'static>(
 
 /// Statements waiting at the gate.
 pub async fn at_the_gate(db: &tokio_postgres::Client) -> i64 {
+    waiting_on(db, "advisory").await
+}
+
+/// Statements of the database waiting on `event` (`pg_stat_activity`'s
+/// `wait_event`: `advisory`, `transactionid`, …).
+pub async fn waiting_on(db: &tokio_postgres::Client, event: &str) -> i64 {
     db.query_one(
         "SELECT count(*) FROM pg_stat_activity \
-         WHERE datname = current_database() AND wait_event = 'advisory'",
-        &[],
+         WHERE datname = current_database() AND wait_event = $1",
+        &[&event],
     )
     .await
     .unwrap()
