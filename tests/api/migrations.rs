@@ -252,21 +252,29 @@ async fn a_database_of_the_prerelease_chain_upgrades_to_a_fresh_databases_schema
     drop(client);
 
     // A server started on the database finds it current and answers.
+    serves_cycles(&db.url, &["k"]).await;
+    assert_eq!(db.count_records().await, 2);
+}
+
+/// A server started on the database at `url` runs a cycle on each of
+/// `keys` (new, or FAILED and due) and replays and reads its result.
+async fn serves_cycles(url: &str, keys: &[&str]) {
     let server = start_server(ServeConfig::new(
         "127.0.0.1:0".parse().unwrap(),
-        db.url.clone(),
+        url.to_owned(),
     ))
     .await;
     let mut c = server.client.clone();
-    let lease = proceed(&mut c, acquire("s", "k")).await;
-    let record = complete_ok(&mut c, complete("s", "k", &token(&lease), success(b"ok"))).await;
-    assert_eq!(status_of(&record), Status::Succeeded);
-    let replay = c.acquire(acquire("s", "k")).await.unwrap().into_inner();
-    assert_eq!(decision(&replay), Decision::AlreadyDone);
-    let got = get_record(&mut c, get_req("s", "k")).await;
-    assert_eq!(got.result.map(|r| r.result), Some(b"ok".to_vec()));
+    for key in keys {
+        let lease = proceed(&mut c, acquire("s", key)).await;
+        let record = complete_ok(&mut c, complete("s", key, &token(&lease), success(b"ok"))).await;
+        assert_eq!(status_of(&record), Status::Succeeded);
+        let replay = c.acquire(acquire("s", key)).await.unwrap().into_inner();
+        assert_eq!(decision(&replay), Decision::AlreadyDone);
+        let got = get_record(&mut c, get_req("s", key)).await;
+        assert_eq!(got.result.map(|r| r.result), Some(b"ok".to_vec()));
+    }
     server.stop().await;
-    assert_eq!(db.count_records().await, 2);
 }
 
 /// Columns of the records table in the order they are stored.
@@ -353,21 +361,7 @@ async fn a_new_table_stores_what_a_complete_changes_last_and_one_in_use_keeps_it
     assert_eq!(column_order(&client).await, baseline, "kept");
     drop(client);
 
-    let server = start_server(ServeConfig::new(
-        "127.0.0.1:0".parse().unwrap(),
-        used.url.clone(),
-    ))
-    .await;
-    let mut c = server.client.clone();
-    for key in ["k", "old"] {
-        let lease = proceed(&mut c, acquire("s", key)).await;
-        let done = complete_ok(&mut c, complete("s", key, &token(&lease), success(b"ok"))).await;
-        assert_eq!(status_of(&done), Status::Succeeded);
-        let replay = c.acquire(acquire("s", key)).await.unwrap().into_inner();
-        assert_eq!(decision(&replay), Decision::AlreadyDone);
-        assert_eq!(replay.record.unwrap().result.unwrap().result, b"ok");
-    }
-    server.stop().await;
+    serves_cycles(&used.url, &["k", "old"]).await;
 }
 
 #[tokio::test]
