@@ -144,7 +144,11 @@ BEGIN
             checkpoint = '', created_at = v_now, updated_at = v_now, completed_at = NULL,
             expires_at = greatest(v_now + v_retention, v_now + v_lease)
          WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
+           AND k.updated_at = r.updated_at
         RETURNING * INTO r;
+        IF NOT FOUND THEN
+            PERFORM idempotency_changed_meanwhile();
+        END IF;
         PERFORM idempotency_notify_if_watched(r, v_now);
         decision := 'PROCEED'; rec := r;
         RETURN NEXT;
@@ -178,7 +182,11 @@ BEGIN
                 UPDATE idempotency_keys k SET
                     watch_until = v_now + (p_watch_ms + 1000) * interval '1 millisecond'
                  WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
+                   AND k.updated_at = r.updated_at
                 RETURNING * INTO r;
+                IF NOT FOUND THEN
+                    PERFORM idempotency_changed_meanwhile();
+                END IF;
             END IF;
         END IF;
         rec := r;
@@ -201,7 +209,11 @@ BEGIN
             last_error_at = v_now, completed_at = v_now, updated_at = v_now,
             expires_at = v_now + r.retention
          WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
+           AND k.updated_at = r.updated_at
         RETURNING * INTO r;
+        IF NOT FOUND THEN
+            PERFORM idempotency_changed_meanwhile();
+        END IF;
         PERFORM idempotency_notify_if_watched(r, v_now);
         decision := 'EXHAUSTED'; rec := r;
         RETURN NEXT;
@@ -226,7 +238,11 @@ BEGIN
         next_retry_at = NULL, updated_at = v_now,
         expires_at = greatest(v_now + r.retention, v_now + v_lease)
      WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
+       AND k.updated_at = r.updated_at
     RETURNING * INTO r;
+    IF NOT FOUND THEN
+        PERFORM idempotency_changed_meanwhile();
+    END IF;
     PERFORM idempotency_notify_if_watched(r, v_now);
     decision := 'PROCEED'; rec := r;
     RETURN NEXT;

@@ -72,13 +72,21 @@ BEGIN
             offered_until = NULL, offered_to = NULL,
             updated_at = v_now, expires_at = v_now + r.retention
          WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
+           AND k.updated_at = r.updated_at
         RETURNING * INTO r;
+        IF NOT FOUND THEN
+            PERFORM idempotency_changed_meanwhile();
+        END IF;
     ELSIF p_action = 'RETRY_NOW' THEN
         UPDATE idempotency_keys k SET
             next_retry_at = v_now, offered_until = NULL, offered_to = NULL,
             updated_at = v_now, expires_at = v_now + r.retention
          WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
+           AND k.updated_at = r.updated_at
         RETURNING * INTO r;
+        IF NOT FOUND THEN
+            PERFORM idempotency_changed_meanwhile();
+        END IF;
     ELSE
         UPDATE idempotency_keys k SET
             status = 'FAILED_PERMANENT',
@@ -90,13 +98,21 @@ BEGIN
             offered_until = NULL, offered_to = NULL,
             completed_at = v_now, updated_at = v_now, expires_at = v_now + r.retention
          WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
+           AND k.updated_at = r.updated_at
         RETURNING * INTO r;
+        IF NOT FOUND THEN
+            PERFORM idempotency_changed_meanwhile();
+        END IF;
     END IF;
     UPDATE idempotency_keys k SET
         admin_action = p_action, admin_actor = p_actor, admin_reason = p_reason,
         admin_at = v_now
      WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
+       AND k.updated_at = r.updated_at
     RETURNING * INTO r;
+    IF NOT FOUND THEN
+        PERFORM idempotency_changed_meanwhile();
+    END IF;
 
     PERFORM idempotency_notify_if_watched(r, v_now);
     IF r.status = 'FAILED' THEN

@@ -1,5 +1,6 @@
 -- Helpers the decisions share: a duration rounded for a caller who will
--- come back, and the "this row changed" notification.
+-- come back, the "this row changed" notification, and the error a write
+-- raises when its row changed since the function read it.
 --
 -- All comparisons in these functions use the database clock:
 -- clock_timestamp() read after the row lock is taken (so time spent waiting
@@ -28,5 +29,25 @@ BEGIN
         PERFORM pg_notify('idempotency_changes',
                           r.tenant || E'\n' || r.scope || E'\n' || r.idempotency_key);
     END IF;
+END;
+$$;
+
+-- Called when a write does not find the row version its function read
+-- under a row lock (every single-key UPDATE after a locked read checks
+-- `updated_at`, which each change sets). On one PostgreSQL the lock rules
+-- that out. On Citus a read does not wait for a shard move, only a write
+-- does: a call can read (and lock) its row on the old placement and then
+-- write on the new one, where the row may be another version, or not yet
+-- visible to the statement's snapshot, taken before the move's copy
+-- committed. Nothing is written: the transaction rolls back whole, and the
+-- server runs a batch's calls again one by one or answers UNAVAILABLE,
+-- which the caller retries (every such call is idempotent).
+CREATE OR REPLACE FUNCTION idempotency_changed_meanwhile()
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'the record changed between the call''s read and its write; nothing was written'
+        USING ERRCODE = 'serialization_failure',
+              HINT = 'On Citus a shard moved meanwhile. Retry the call.';
 END;
 $$;

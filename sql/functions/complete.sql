@@ -68,7 +68,11 @@ BEGIN
             result_status_code = p_status_code, result_ref = p_result_ref,
             completed_at = v_now, updated_at = v_now, expires_at = v_now + r.retention
          WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
+           AND k.updated_at = r.updated_at
         RETURNING * INTO r;
+        IF NOT FOUND THEN
+            PERFORM idempotency_changed_meanwhile();
+        END IF;
     ELSIF p_outcome = 'FAILURE' AND (p_permanent OR r.attempt_count >= r.max_attempts) THEN
         UPDATE idempotency_keys k SET
             status = 'FAILED_PERMANENT', lease_outcome = 'FAILURE',
@@ -76,7 +80,11 @@ BEGIN
             last_error = p_error, last_error_at = v_now,
             completed_at = v_now, updated_at = v_now, expires_at = v_now + r.retention
          WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
+           AND k.updated_at = r.updated_at
         RETURNING * INTO r;
+        IF NOT FOUND THEN
+            PERFORM idempotency_changed_meanwhile();
+        END IF;
     ELSIF p_outcome = 'FAILURE' THEN
         -- The exponent is capped so that a large base cannot overflow float8;
         -- 2^40 already exceeds any sensible cap.
@@ -91,7 +99,11 @@ BEGIN
             completed_at = NULL, updated_at = v_now,
             expires_at = v_now + v_delay * interval '1 millisecond' + r.retention
          WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
+           AND k.updated_at = r.updated_at
         RETURNING * INTO r;
+        IF NOT FOUND THEN
+            PERFORM idempotency_changed_meanwhile();
+        END IF;
     ELSIF p_outcome = 'RELEASE' THEN
         UPDATE idempotency_keys k SET
             status = 'FAILED', lease_outcome = 'RELEASE',
@@ -99,7 +111,11 @@ BEGIN
             lease_expires_at = NULL, next_retry_at = v_now,
             completed_at = NULL, updated_at = v_now, expires_at = v_now + r.retention
          WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
+           AND k.updated_at = r.updated_at
         RETURNING * INTO r;
+        IF NOT FOUND THEN
+            PERFORM idempotency_changed_meanwhile();
+        END IF;
     ELSE
         RAISE EXCEPTION 'idempotency_complete: unknown outcome %', p_outcome;
     END IF;

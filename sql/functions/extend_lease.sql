@@ -54,7 +54,11 @@ BEGIN
         updated_at = v_now,
         expires_at = greatest(r.expires_at, v_expiry)
      WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
+       AND k.updated_at = r.updated_at
     RETURNING * INTO r;
+    IF NOT FOUND THEN
+        PERFORM idempotency_changed_meanwhile();
+    END IF;
     PERFORM idempotency_notify_if_watched(r, v_now);
     outcome := 'OK'; rec := r;
     RETURN NEXT;

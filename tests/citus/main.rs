@@ -26,6 +26,7 @@ mod harness;
 mod helpers;
 mod maintenance;
 mod migrations;
+mod moves;
 #[allow(dead_code)]
 mod placement;
 mod waiting;

@@ -1,0 +1,169 @@
+//! A call that waits out a shard move. Citus blocks writes to a shard
+//! while it moves, not reads: a function can read (and lock) its row on
+//! the old placement, wait with its write, and write on the new one once
+//! the move commits, under a snapshot taken before the move's copy did.
+//! There the write must find the version it read, or write nothing and
+//! ask for a retry; never answer a decision it did not store.
+//!
+//! Citus's own hook for its isolation tests holds the move between
+//! blocking writes and copying the shard
+//! (`citus.running_under_citus_test_suite`: the move takes a share lock on
+//! advisory lock (55152, 44000) there), so the call's write is sure to
+//! wait for the move.
+
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_postgres::error::SqlState;
+
+use crate::app::spawn_citus_app;
+use crate::harness::CitusDatabase;
+use crate::helpers::eventually;
+use crate::placement::place;
+
+/// Backends of `client`'s database waiting on an advisory lock (Citus's
+/// shard metadata locks are advisory locks) in a statement like `like`.
+async fn waiting(client: &tokio_postgres::Client, like: &str) -> i64 {
+    client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock' \
+               AND wait_event = 'advisory' AND query LIKE $1",
+            &[&like],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// A move of `shard` from `from` to `to` blocking writes, held after it
+/// blocks them and before it copies: the gate's session holds the lock the
+/// move waits for there, until it is unlocked.
+async fn held_move(
+    db: &CitusDatabase,
+    shard: i64,
+    from: u16,
+    to: u16,
+) -> (
+    tokio_postgres::Client,
+    JoinHandle<Result<u64, tokio_postgres::Error>>,
+) {
+    let gate = db.connect().await;
+    gate.execute("SELECT pg_advisory_lock(55152, 44000)", &[])
+        .await
+        .unwrap();
+    let mover = db.connect().await;
+    mover
+        .batch_execute("SET citus.running_under_citus_test_suite = on")
+        .await
+        .unwrap();
+    let moving = tokio::spawn(async move {
+        mover
+            .execute(
+                "SELECT citus_move_shard_placement($1, '127.0.0.1', $2, '127.0.0.1', $3, \
+                 shard_transfer_mode := 'block_writes')",
+                &[&shard, &i32::from(from), &i32::from(to)],
+            )
+            .await
+    });
+    eventually(
+        "the move to wait before its copy",
+        Duration::from_secs(20),
+        || async { (waiting(&gate, "%citus_move_shard_placement%").await > 0).then_some(()) },
+    )
+    .await;
+    (gate, moving)
+}
+
+#[tokio::test]
+async fn a_complete_whose_shard_moved_to_its_node_while_it_waited_writes_nothing_and_asks_for_a_retry()
+ {
+    let Some(app) = spawn_citus_app().await else {
+        return;
+    };
+    let db = &app.db;
+    let (key, shard, from) = place(db, 1).await.remove(0);
+    let [a, b] = db.cluster.workers();
+    let to = if from == a { b } else { a };
+    let coordinator = db.connect().await;
+    let token: uuid::Uuid = coordinator
+        .query_one(
+            "SELECT (a.rec).lease_token FROM idempotency_acquire('t', 's', $1, '', '', \
+             60000, 3, 86400000, 0, 0) a",
+            &[&key],
+        )
+        .await
+        .expect("acquire")
+        .get(0);
+
+    // The move, held after it blocks writes, before it copies.
+    let (gate, moving) = held_move(db, shard, from, to).await;
+
+    // A batch holding the Complete, routed by a key of the node the shard
+    // moves to, as a server whose map predates an earlier move sends it:
+    // it runs there, reads the row on the old placement, and its write
+    // waits for the move.
+    let route = place(db, 64)
+        .await
+        .into_iter()
+        .find(|(_, s, port)| *port == to && *s != shard)
+        .map(|(k, _, _)| k)
+        .expect("a key on the other worker");
+    let node = db.connect_worker(to).await;
+    let watcher = db.connect_worker(to).await;
+    let batch_key = key.clone();
+    let completing = tokio::spawn(async move {
+        node.query_opt(
+            "SELECT b.outcome, (b.rec).status FROM idempotency_call_batch_at($1, \
+             ARRAY[false], ARRAY['t'], ARRAY['s'], ARRAY[$2::text], ARRAY[''], ARRAY[''], \
+             ARRAY[0::bigint], ARRAY[0], ARRAY[0::bigint], ARRAY[0::bigint], ARRAY[$3::uuid], \
+             ARRAY['SUCCESS'], ARRAY['\\x6f6b'::bytea], ARRAY['text/plain'], ARRAY[0], \
+             ARRAY[''], ARRAY[''], ARRAY[false], ARRAY[NULL::bigint], ARRAY[1000::bigint], \
+             ARRAY[60000::bigint], 0, NULL) b",
+            &[&route, &batch_key, &token],
+        )
+        .await
+    });
+    eventually(
+        "the Complete's write to wait for the move",
+        Duration::from_secs(20),
+        || async { (waiting(&watcher, "%idempotency_call_batch_at%").await > 0).then_some(()) },
+    )
+    .await;
+    gate.execute("SELECT pg_advisory_unlock(55152, 44000)", &[])
+        .await
+        .unwrap();
+    moving.await.unwrap().expect("the move");
+
+    let answer = completing.await.unwrap();
+    let error = answer.expect_err("the Complete found no row version to write: it must fail");
+    assert_eq!(
+        error.code(),
+        Some(&SqlState::T_R_SERIALIZATION_FAILURE),
+        "a retryable error: {error:?}"
+    );
+
+    // Nothing was written, and the Complete run again is applied.
+    let (status, lease): (String, uuid::Uuid) = {
+        let row = coordinator
+            .query_one(
+                "SELECT status, lease_token FROM idempotency_keys \
+                 WHERE tenant = 't' AND scope = 's' AND idempotency_key = $1",
+                &[&key],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!((status.as_str(), lease), ("PROCESSING", token));
+    let again = coordinator
+        .query_one(
+            "SELECT c.outcome, (c.rec).status FROM idempotency_complete('t', 's', $1, $2, \
+             'SUCCESS', '\\x6f6b'::bytea, 'text/plain', 0, '', '', false, NULL, 1000, 60000, 0) c",
+            &[&key, &token],
+        )
+        .await
+        .expect("the Complete again");
+    let (outcome, status): (String, String) = (again.get(0), again.get(1));
+    assert_eq!((outcome.as_str(), status.as_str()), ("OK", "SUCCEEDED"));
+}
