@@ -203,11 +203,22 @@ pub fn went_to_database(c: &Call) -> bool {
     c.ok() && (c.kind == CallKind::Complete || c.decision == Some(history::Decision::Proceed))
 }
 
-/// Calls that broke what a caller relies on under faults: every call
+/// Asserts that no call broke what a caller relies on under faults: every call
 /// answered by its deadline (plus a margin); a failure is UNAVAILABLE with
 /// RetryInfo or DEADLINE_EXCEEDED (or a lost lease, for a Complete retried
-/// after its lease ran out).
-pub fn call_problems(calls: &[Call], t0: i64) -> Vec<String> {
+/// after its lease ran out). A failing assertion shows what the server
+/// logged at ERROR meanwhile: an INTERNAL answer's cause.
+pub fn assert_calls_answered(calls: &[Call], t0: i64) {
+    let problems = call_problems(calls, t0);
+    assert!(
+        problems.is_empty(),
+        "calls:\n{}\nthe server's errors (latest last):\n{}",
+        problems.join("\n"),
+        crate::server_log::errors().join("\n")
+    );
+}
+
+fn call_problems(calls: &[Call], t0: i64) -> Vec<String> {
     let mut problems = Vec::new();
     for c in calls {
         let at = format!(

@@ -22,5 +22,6 @@ mod load;
 #[path = "../../../tests/citus/placement.rs"]
 mod placement;
 mod rebalance;
+mod server_log;
 mod setup;
 mod worker_down;

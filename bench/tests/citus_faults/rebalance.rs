@@ -14,7 +14,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::client::Health;
 use crate::listening::{self, HEARD_WITHIN};
-use crate::load::{self, Load, call_problems, codes, secs, went_to_database};
+use crate::load::{self, Load, codes, secs, went_to_database};
 use crate::placement::{self, group_of, node_of_shard, range_of_group};
 use crate::setup::{Env, serial};
 use crate::worker_down::{READINESS, node_service, readiness};
@@ -121,8 +121,7 @@ async fn a_shard_moved_under_load_keeps_its_keys_answering() {
         "SHARD MOVE: after the move: {}",
         codes(&calls, &moving_keys, move_end, i64::MAX)
     );
-    let problems = call_problems(&calls, t0);
-    assert!(problems.is_empty(), "calls:\n{}", problems.join("\n"));
+    load::assert_calls_answered(&calls, t0);
     load::assert_history_clean(&history);
     env.stop().await;
 }
@@ -205,8 +204,7 @@ async fn a_worker_added_and_the_shards_rebalanced_under_load() {
         "REBALANCE: after, keys on the new worker: {}",
         codes(&calls, &moved, rebalance_end, i64::MAX)
     );
-    let problems = call_problems(&calls, t0);
-    assert!(problems.is_empty(), "calls:\n{}", problems.join("\n"));
+    load::assert_calls_answered(&calls, t0);
     load::assert_history_clean(&history);
     waiting_on_the_new_worker(&env, port).await;
     env.stop().await;

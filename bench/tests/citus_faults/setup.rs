@@ -31,6 +31,7 @@ pub struct Env {
 impl Env {
     /// `None` when Citus is not installed (the test is skipped).
     pub async fn start() -> Option<Env> {
+        crate::server_log::keep();
         let cluster = tokio::task::spawn_blocking(harness::private_cluster)
             .await
             .expect("start the cluster")?;

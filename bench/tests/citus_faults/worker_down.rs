@@ -9,7 +9,7 @@ use idempotency_bench::recorder::now_us;
 use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::client::Health;
-use crate::load::{self, Load, call_problems, codes, secs, went_to_database};
+use crate::load::{self, Load, codes, secs, went_to_database};
 use crate::placement;
 use crate::setup::{Env, serial};
 
@@ -112,8 +112,7 @@ async fn a_stopped_worker_s_keys_answer_unavailable_and_the_other_worker_s_keep_
         secs(started_at, back_at)
     );
 
-    let problems = call_problems(&calls, t0);
-    assert!(problems.is_empty(), "calls:\n{}", problems.join("\n"));
+    load::assert_calls_answered(&calls, t0);
     assert_all_answered(&calls, &up_keys, stopped_at, started_at);
     load::assert_history_clean(&history);
     env.stop().await;
