@@ -108,11 +108,7 @@ BEGIN
         admin_action = p_action, admin_actor = p_actor, admin_reason = p_reason,
         admin_at = v_now
      WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
-       AND k.updated_at = r.updated_at
     RETURNING * INTO r;
-    IF NOT FOUND THEN
-        PERFORM idempotency_changed_meanwhile();
-    END IF;
 
     PERFORM idempotency_notify_if_watched(r, v_now);
     IF r.status = 'FAILED' THEN

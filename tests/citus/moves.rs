@@ -18,23 +18,8 @@ use tokio_postgres::error::SqlState;
 
 use crate::app::spawn_citus_app;
 use crate::harness::CitusDatabase;
-use crate::helpers::eventually;
+use crate::helpers::{eventually, waiting_on};
 use crate::placement::place;
-
-/// Backends of `client`'s database waiting on an advisory lock (Citus's
-/// shard metadata locks are advisory locks) in a statement like `like`.
-async fn waiting(client: &tokio_postgres::Client, like: &str) -> i64 {
-    client
-        .query_one(
-            "SELECT count(*) FROM pg_stat_activity \
-             WHERE datname = current_database() AND wait_event_type = 'Lock' \
-               AND wait_event = 'advisory' AND query LIKE $1",
-            &[&like],
-        )
-        .await
-        .unwrap()
-        .get(0)
-}
 
 /// A move of `shard` from `from` to `to` blocking writes, held after it
 /// blocks them and before it copies: the gate's session holds the lock the
@@ -69,7 +54,7 @@ async fn held_move(
     eventually(
         "the move to wait before its copy",
         Duration::from_secs(20),
-        || async { (waiting(&gate, "%citus_move_shard_placement%").await > 0).then_some(()) },
+        || async { (waiting_on(&gate, "advisory").await > 0).then_some(()) },
     )
     .await;
     (gate, moving)
@@ -127,7 +112,7 @@ async fn a_complete_whose_shard_moved_to_its_node_while_it_waited_writes_nothing
     eventually(
         "the Complete's write to wait for the move",
         Duration::from_secs(20),
-        || async { (waiting(&watcher, "%idempotency_call_batch_at%").await > 0).then_some(()) },
+        || async { (waiting_on(&watcher, "advisory").await > 0).then_some(()) },
     )
     .await;
     gate.execute("SELECT pg_advisory_unlock(55152, 44000)", &[])
