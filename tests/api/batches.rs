@@ -425,3 +425,176 @@ async fn new_keys_of_a_batch_get_their_own_rows_whether_its_keys_come_sorted_rep
         .get(0);
     assert_eq!(records, 5, "one record per key");
 }
+
+/// The batch's statement called straight, Completes only (`calls`: key,
+/// lease token as text, outcome), in this order: each row's position, key
+/// and outcome, by position.
+async fn complete_batch_in_sql(
+    db: &tokio_postgres::Client,
+    calls: &[(&str, &str, &str)],
+) -> Vec<(i32, String, String)> {
+    let keys: Vec<&str> = calls.iter().map(|c| c.0).collect();
+    let tokens: Vec<&str> = calls.iter().map(|c| c.1).collect();
+    let outcomes: Vec<&str> = calls.iter().map(|c| c.2).collect();
+    let n = i32::try_from(calls.len()).unwrap();
+    let rows = db
+        .query(
+            "SELECT b.ord, $1::text[], b.outcome
+               FROM idempotency_complete_batch(
+                        array_fill('default'::text, ARRAY[$4::int]), array_fill('sql'::text, ARRAY[$4::int]),
+                        $1::text[], $2::text[]::uuid[], $3::text[],
+                        array_fill('\\x6f6b'::bytea, ARRAY[$4::int]), array_fill('text/plain'::text, ARRAY[$4::int]),
+                        array_fill(200, ARRAY[$4::int]), array_fill(''::text, ARRAY[$4::int]),
+                        array_fill('failed'::text, ARRAY[$4::int]), array_fill(false, ARRAY[$4::int]),
+                        array_fill(NULL::bigint, ARRAY[$4::int]), array_fill(100::bigint, ARRAY[$4::int]),
+                        array_fill(1000::bigint, ARRAY[$4::int]), 0) b
+              ORDER BY b.ord",
+            &[&keys, &tokens, &outcomes, &n],
+        )
+        .await
+        .unwrap();
+    rows.iter()
+        .map(|r| {
+            let ord: i32 = r.get(0);
+            let keys: Vec<String> = r.get(1);
+            (ord, keys[ord as usize - 1].clone(), r.get(2))
+        })
+        .collect()
+}
+
+/// The lease token of `key` (scope `sql`), as text.
+async fn token_in_sql(db: &tokio_postgres::Client, key: &str) -> String {
+    db.query_one(
+        "SELECT lease_token::text FROM idempotency_keys WHERE scope = 'sql' AND idempotency_key = $1",
+        &[&key],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+#[tokio::test]
+async fn a_batchs_successes_are_recorded_together_and_each_answered_as_alone() {
+    // A sorted batch of distinct keys records its successes in one UPDATE;
+    // a success it cannot apply, and every other outcome, is decided by
+    // idempotency_complete, and the successes before a call decided there
+    // are recorded first.
+    let app = spawn_app().await;
+    let db = app.db.connect().await;
+    let keys = ["c1", "c2", "c3", "c4", "c5"];
+    acquire_batch_in_sql(&db, &keys).await;
+    let mut tokens = Vec::new();
+    for key in keys {
+        tokens.push(token_in_sql(&db, key).await);
+    }
+    let t = |i: usize| tokens[i].as_str();
+    assert_eq!(
+        complete_batch_in_sql(&db, &[("c2", t(1), "SUCCESS")]).await,
+        vec![(1, "c2".to_owned(), "OK".to_owned())]
+    );
+    let other_token = "00000000-0000-4000-8000-000000000000";
+    let answers = complete_batch_in_sql(
+        &db,
+        &[
+            ("c1", t(0), "SUCCESS"),
+            ("c2", t(1), "SUCCESS"),
+            ("c3", other_token, "SUCCESS"),
+            ("c4", t(3), "FAILURE"),
+            ("c5", t(4), "SUCCESS"),
+            ("c6", other_token, "SUCCESS"),
+        ],
+    )
+    .await;
+    let expect: Vec<(i32, String, String)> = [
+        ("c1", "OK"),
+        ("c2", "OK"), // completed before with the same outcome
+        ("c3", "LEASE_LOST"),
+        ("c4", "OK"),
+        ("c5", "OK"),
+        ("c6", "NOT_FOUND"),
+    ]
+    .iter()
+    .zip(1..)
+    .map(|((k, o), ord)| (ord, (*k).to_owned(), (*o).to_owned()))
+    .collect();
+    assert_eq!(answers, expect);
+    let statuses: Vec<(String, String)> = db
+        .query(
+            "SELECT idempotency_key, status FROM idempotency_keys WHERE scope = 'sql' ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let expect: Vec<(String, String)> = [
+        ("c1", "SUCCEEDED"),
+        ("c2", "SUCCEEDED"),
+        ("c3", "PROCESSING"),
+        ("c4", "FAILED"),
+        ("c5", "SUCCEEDED"),
+    ]
+    .iter()
+    .map(|(k, s)| ((*k).to_owned(), (*s).to_owned()))
+    .collect();
+    assert_eq!(statuses, expect);
+    let result: Vec<u8> = db
+        .query_one(
+            "SELECT result FROM idempotency_keys WHERE scope = 'sql' AND idempotency_key = 'c5'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(result, b"ok");
+}
+
+#[tokio::test]
+async fn a_batchs_successes_never_read_the_whole_table_whatever_size_it_was_planned_at() {
+    // A session caches the plan of the successes' UPDATE the first times it
+    // runs. Planned on a small table, an UPDATE joined to the keys would read
+    // the whole table; it must look each key up at every size.
+    let app = spawn_app().await;
+    let db = app.db.connect().await;
+    acquire_batch_in_sql(&db, &["a0", "a1", "a2"]).await;
+    db.batch_execute("ANALYZE idempotency_keys").await.unwrap();
+    db.batch_execute("BEGIN").await.unwrap();
+    let seq_scans = || async {
+        let scans: i64 = db
+            .query_one(
+                "SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relname = 'idempotency_keys'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        scans
+    };
+    let mut scanned = 0;
+    for round in 0..12 {
+        if round == 8 {
+            // The table grows well past what the cached plans were made for.
+            let many: Vec<String> = (0..3000).map(|i| format!("m{i:05}")).collect();
+            let many: Vec<&str> = many.iter().map(String::as_str).collect();
+            acquire_batch_in_sql(&db, &many).await;
+        }
+        let keys: Vec<String> = (0..4).map(|i| format!("r{round:02}-{i}")).collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        acquire_batch_in_sql(&db, &keys).await;
+        let mut calls = Vec::new();
+        for key in &keys {
+            calls.push((*key, token_in_sql(&db, key).await));
+        }
+        let calls: Vec<(&str, &str, &str)> = calls
+            .iter()
+            .map(|(k, t)| (*k, t.as_str(), "SUCCESS"))
+            .collect();
+        let before = seq_scans().await;
+        let answers = complete_batch_in_sql(&db, &calls).await;
+        scanned += seq_scans().await - before;
+        assert!(answers.iter().all(|(_, _, outcome)| outcome == "OK"));
+    }
+    db.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(scanned, 0, "sequential scans of the table by the successes");
+}
