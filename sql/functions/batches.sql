@@ -52,7 +52,8 @@
 -- in one UPDATE, with the per-key UPDATE's conditions and clock, before
 -- the first later call that runs a single-call function (which locks its
 -- row) and otherwise after the loop, before the new keys' INSERT. Rows are
--- thus still locked in key order. One UPDATE for a batch's successes
+-- thus still locked in key order (but for the successes that UPDATE does
+-- not apply to: see idempotency_succeed_together). One UPDATE for a batch's successes
 -- instead of one each takes a fifth off a cycle's instructions at 16
 -- calls of each kind a batch, a tenth at 4, and costs the same at 2
 -- (bench/wal/instructions.sh with MIXED=1 and BATCH).
@@ -113,6 +114,12 @@
 -- key order. A row changed by another transaction while the UPDATE waits
 -- for its lock is checked again as it now is, as for any UPDATE, and is
 -- left to idempotency_complete if the success no longer applies.
+-- idempotency_complete locks the rows of the successes the UPDATE did not
+-- apply to (a refused or repeated Complete, a row changed meanwhile) after
+-- the UPDATE locked the others: out of key order for those rows alone. A
+-- deadlock needs another transaction to hold such a row and wait for a
+-- later one of this batch; PostgreSQL detects it, and the batch whose
+-- statement it fails runs its calls one by one.
 CREATE OR REPLACE FUNCTION idempotency_succeed_together(
     p_calls           integer[],
     p_tenant          text[],

@@ -355,6 +355,55 @@ async fn two_servers_batching_the_same_keys_in_opposite_orders_never_deadlock() 
     }
 }
 
+/// Two servers batching the same lease's Complete at once (a caller's
+/// retry that reached another replica): the successes' UPDATE of one batch
+/// waits for the other's, finds the lease completed and leaves the call to
+/// idempotency_complete. Both hear OK; the first result stays.
+#[tokio::test]
+async fn two_servers_completing_the_same_leases_at_once_both_answer_ok_and_store_one_result() {
+    let db = TestDatabase::create().await;
+    let config = || {
+        let mut config = idempotency_coordinator::config::ServeConfig::new(
+            "127.0.0.1:0".parse().unwrap(),
+            db.url.clone(),
+        );
+        config.store.shared_connections = 1;
+        config.store.batch_workers = 1;
+        config
+    };
+    let (a, b) = tokio::join!(start_server(config()), start_server(config()));
+    for round in 0..10 {
+        let keys: Vec<String> = (0..12).map(|i| format!("d{round}-{i:02}")).collect();
+        let mut c = a.client.clone();
+        let mut tokens = Vec::new();
+        for key in &keys {
+            tokens.push(token(&proceed(&mut c, acquire("duplicate", key)).await));
+        }
+        let calls = keys.iter().zip(&tokens).flat_map(|(key, token)| {
+            [(a.client.clone(), "a"), (b.client.clone(), "b")].map(|(mut c, by)| {
+                let req = complete("duplicate", key, token, success(by.as_bytes()));
+                async move { c.complete(req).await }
+            })
+        });
+        let answers: Vec<_> = join_all(calls)
+            .await
+            .into_iter()
+            .map(|a| {
+                let record = a.expect("a repeated success is OK").into_inner().record;
+                record.unwrap()
+            })
+            .collect();
+        for pair in answers.chunks(2) {
+            for record in pair {
+                assert_eq!(status_of(record), proto::Status::Succeeded);
+            }
+            let stored = |r: &proto::Record| r.result.as_ref().unwrap().result.clone();
+            assert_eq!(stored(&pair[0]), stored(&pair[1]), "one result, the first");
+            assert!(stored(&pair[0]) == b"a" || stored(&pair[0]) == b"b");
+        }
+    }
+}
+
 /// The batch's statement called straight, Acquires only, on `keys` in this
 /// order: each row's position, key and decision, by position.
 async fn acquire_batch_in_sql(
