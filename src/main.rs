@@ -1,6 +1,7 @@
 //! `idempotency-coordinator serve | migrate | health`: parse the arguments,
-//! set up logging and the span exporter, run the command (each command's flow
-//! is in `startup::commands`), send the last spans.
+//! start the runtime's threads (`--worker-threads`), set up logging and the
+//! span exporter, run the command (each command's flow is in
+//! `startup::commands`), send the last spans.
 
 use std::process::ExitCode;
 
@@ -37,9 +38,24 @@ async fn run(cli: Cli) -> Result<(), StartupError> {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    if cli.worker_threads > 0 {
+        runtime.worker_threads(usize::from(cli.worker_threads));
+    }
+    match runtime.build() {
+        Ok(runtime) => runtime.block_on(start(cli)),
+        Err(e) => {
+            eprintln!("idempotency-coordinator: cannot start its threads: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Sets up logging and spans, runs the command, sends the last spans.
+async fn start(cli: Cli) -> ExitCode {
     let endpoint = telemetry::otlp_endpoint(cli.otlp_endpoint.as_deref());
     let telemetry = match telemetry::init(cli.log_format, endpoint.as_deref()) {
         Ok(telemetry) => telemetry,
