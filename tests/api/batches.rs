@@ -317,11 +317,9 @@ async fn a_statement_past_the_query_timeout_is_rolled_back_not_committed_later()
     assert_eq!(app.db.count_records().await, 0, "nothing was committed");
 }
 
-/// Two servers batching new keys in opposite orders on one database: without
-/// a common lock order their batches would deadlock (and answer UNAVAILABLE).
-#[tokio::test]
-async fn two_servers_batching_the_same_keys_in_opposite_orders_never_deadlock() {
-    let db = TestDatabase::create().await;
+/// Two servers on `db`, each batching on one shared connection with one
+/// worker.
+async fn two_batching_servers(db: &TestDatabase) -> (TestServer, TestServer) {
     let config = || {
         let mut config = idempotency_coordinator::config::ServeConfig::new(
             "127.0.0.1:0".parse().unwrap(),
@@ -331,7 +329,15 @@ async fn two_servers_batching_the_same_keys_in_opposite_orders_never_deadlock() 
         config.store.batch_workers = 1;
         config
     };
-    let (a, b) = tokio::join!(start_server(config()), start_server(config()));
+    tokio::join!(start_server(config()), start_server(config()))
+}
+
+/// Two servers batching new keys in opposite orders on one database: without
+/// a common lock order their batches would deadlock (and answer UNAVAILABLE).
+#[tokio::test]
+async fn two_servers_batching_the_same_keys_in_opposite_orders_never_deadlock() {
+    let db = TestDatabase::create().await;
+    let (a, b) = two_batching_servers(&db).await;
     for round in 0..20 {
         let keys: Vec<String> = (0..16).map(|i| format!("r{round}-{i:02}")).collect();
         let calls = keys
@@ -362,16 +368,7 @@ async fn two_servers_batching_the_same_keys_in_opposite_orders_never_deadlock() 
 #[tokio::test]
 async fn two_servers_completing_the_same_leases_at_once_both_answer_ok_and_store_one_result() {
     let db = TestDatabase::create().await;
-    let config = || {
-        let mut config = idempotency_coordinator::config::ServeConfig::new(
-            "127.0.0.1:0".parse().unwrap(),
-            db.url.clone(),
-        );
-        config.store.shared_connections = 1;
-        config.store.batch_workers = 1;
-        config
-    };
-    let (a, b) = tokio::join!(start_server(config()), start_server(config()));
+    let (a, b) = two_batching_servers(&db).await;
     for round in 0..10 {
         let keys: Vec<String> = (0..12).map(|i| format!("d{round}-{i:02}")).collect();
         let mut c = a.client.clone();
