@@ -111,15 +111,19 @@
 -- grows. Here the only other way to read the table is a sequential scan,
 -- and `SET enable_seqscan = off` rules that out at any size (for the
 -- probe too). The outer loop is the calls in order, so rows are locked in
--- key order. A row changed by another transaction while the UPDATE waits
--- for its lock is checked again as it now is, as for any UPDATE, and is
--- left to idempotency_complete if the success no longer applies.
--- idempotency_complete locks the rows of the successes the UPDATE did not
--- apply to (a refused or repeated Complete, a row changed meanwhile) after
--- the UPDATE locked the others: out of key order for those rows alone. A
--- deadlock needs another transaction to hold such a row and wait for a
--- later one of this batch; PostgreSQL detects it, and the batch whose
--- statement it fails runs its calls one by one.
+-- key order. A row another transaction changes while the UPDATE waits for
+-- its lock stays locked, in its turn, and is left to idempotency_complete
+-- (PostgreSQL 15.13 and later recheck a TID scan against the address the
+-- probe found, which the change moved); earlier releases recheck the row
+-- as it now is, as for the per-key UPDATE. The same decision either way.
+-- A success refused on the row as the statement saw it (another lease's
+-- token, a Complete repeated or late, an expired or missing record) takes
+-- no lock in the UPDATE; idempotency_complete locks its row after the
+-- UPDATE locked the later ones, out of key order. A deadlock then needs
+-- another transaction that holds that row and waits for a later one of
+-- this batch (the new holder of a taken-over lease, say); PostgreSQL
+-- detects it after deadlock_timeout, and the batch whose statement it
+-- fails runs its calls one by one.
 CREATE OR REPLACE FUNCTION idempotency_succeed_together(
     p_calls           integer[],
     p_tenant          text[],

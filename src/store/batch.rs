@@ -11,8 +11,12 @@
 //!   when sharing a commit pays.
 //! - **Durable before answered.** A caller hears its answer only after the
 //!   batch's statement returned, and the statement returns after its commit.
-//! - **No deadlocks between batches.** Calls are ordered by (tenant, scope,
-//!   key) before they are sent, so every batch locks rows in the same order.
+//! - **Rows locked in one order.** Calls are ordered by (tenant, scope,
+//!   key) before they are sent, so batches lock rows in the same order and
+//!   do not deadlock each other; the one exception, a refused success
+//!   decided after its batch's successes were recorded, is in
+//!   `sql/functions/batches.sql` (a deadlock there is detected, and the
+//!   batch's calls run one by one).
 //! - **One call's failure stays its own.** If the batch statement fails with
 //!   anything but an unavailable database (a deadlock or serialization
 //!   failure included), it rolled back whole, and its calls run again one by

@@ -479,6 +479,15 @@ async fn complete_batch_in_sql(
     db: &tokio_postgres::Client,
     calls: &[(&str, &str, &str)],
 ) -> Vec<(i32, String, String)> {
+    complete_batch_in_sql_storing(db, calls, b"ok").await
+}
+
+/// The same, every success storing `result`.
+async fn complete_batch_in_sql_storing(
+    db: &tokio_postgres::Client,
+    calls: &[(&str, &str, &str)],
+    result: &[u8],
+) -> Vec<(i32, String, String)> {
     let keys: Vec<&str> = calls.iter().map(|c| c.0).collect();
     let tokens: Vec<&str> = calls.iter().map(|c| c.1).collect();
     let outcomes: Vec<&str> = calls.iter().map(|c| c.2).collect();
@@ -489,13 +498,13 @@ async fn complete_batch_in_sql(
                FROM idempotency_complete_batch(
                         array_fill('default'::text, ARRAY[$4::int]), array_fill('sql'::text, ARRAY[$4::int]),
                         $1::text[], $2::text[]::uuid[], $3::text[],
-                        array_fill('\\x6f6b'::bytea, ARRAY[$4::int]), array_fill('text/plain'::text, ARRAY[$4::int]),
+                        array_fill($5::bytea, ARRAY[$4::int]), array_fill('text/plain'::text, ARRAY[$4::int]),
                         array_fill(200, ARRAY[$4::int]), array_fill(''::text, ARRAY[$4::int]),
                         array_fill('failed'::text, ARRAY[$4::int]), array_fill(false, ARRAY[$4::int]),
                         array_fill(NULL::bigint, ARRAY[$4::int]), array_fill(100::bigint, ARRAY[$4::int]),
                         array_fill(1000::bigint, ARRAY[$4::int]), 0) b
               ORDER BY b.ord",
-            &[&keys, &tokens, &outcomes, &n],
+            &[&keys, &tokens, &outcomes, &n, &result],
         )
         .await
         .unwrap();
@@ -594,6 +603,81 @@ async fn a_batchs_successes_are_recorded_together_and_each_answered_as_alone() {
         .unwrap()
         .get(0);
     assert_eq!(result, b"ok");
+    // The successes before c4, which ran idempotency_complete, were recorded
+    // before it (rows locked in key order); c5's after it.
+    let changed: Vec<chrono::DateTime<chrono::Utc>> = db
+        .query(
+            "SELECT updated_at FROM idempotency_keys
+              WHERE scope = 'sql' AND idempotency_key IN ('c1', 'c4', 'c5') ORDER BY idempotency_key",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(
+        changed[0] < changed[1] && changed[1] < changed[2],
+        "c1, c4, c5 changed in key order: {changed:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_success_whose_row_another_batch_holds_waits_and_is_decided_on_what_that_batch_wrote() {
+    // Batch X records two successes and stays open; batch Y, the same
+    // Completes (a retry on another replica), waits for X's row locks. Once X
+    // commits, Y's UPDATE finds the leases completed and leaves both calls
+    // to idempotency_complete: OK, with X's results.
+    let app = spawn_app().await;
+    let x = app.db.connect().await;
+    let y = app.db.connect().await;
+    let keys = ["w1", "w2"];
+    acquire_batch_in_sql(&x, &keys).await;
+    let mut tokens = Vec::new();
+    for key in keys {
+        tokens.push(token_in_sql(&x, key).await);
+    }
+    let calls = [
+        ("w1", tokens[0].as_str(), "SUCCESS"),
+        ("w2", tokens[1].as_str(), "SUCCESS"),
+    ];
+    let ok = vec![
+        (1, "w1".to_owned(), "OK".to_owned()),
+        (2, "w2".to_owned(), "OK".to_owned()),
+    ];
+    x.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(complete_batch_in_sql_storing(&x, &calls, b"x").await, ok);
+    let waits = app.db.connect().await;
+    let before = waiting_on(&waits, "transactionid").await;
+    let owned = calls.map(|(k, t, o)| (k.to_owned(), t.to_owned(), o));
+    let retry = tokio::spawn(async move {
+        let calls: Vec<(&str, &str, &str)> = owned
+            .iter()
+            .map(|(k, t, o)| (k.as_str(), t.as_str(), *o))
+            .collect();
+        complete_batch_in_sql_storing(&y, &calls, b"y").await
+    });
+    eventually(
+        "the retry to wait for the first batch's row lock",
+        Duration::from_secs(10),
+        || async { (waiting_on(&waits, "transactionid").await > before).then_some(()) },
+    )
+    .await;
+    x.batch_execute("COMMIT").await.unwrap();
+    let mut retried = retry.await.unwrap();
+    retried.sort();
+    assert_eq!(retried, ok);
+    for key in keys {
+        let result: Vec<u8> = x
+            .query_one(
+                "SELECT result FROM idempotency_keys WHERE scope = 'sql' AND idempotency_key = $1",
+                &[&key],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(result, b"x", "{key} keeps the first batch's result");
+    }
 }
 
 #[tokio::test]
