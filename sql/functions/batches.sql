@@ -12,7 +12,8 @@
 -- after the other: every statement of a PL/pgSQL function sees what the
 -- earlier ones did). The caller orders the calls by (tenant, scope, key),
 -- whatever their kind, so every batch takes its row locks in the same order
--- and two batches never deadlock. Rows come back tagged with the call's
+-- and two batches do not deadlock (one exception, a refused success among
+-- successes recorded together: idempotency_succeed_together). Rows come back tagged with the call's
 -- position (ord, from 1), an Acquire's with decision and retry_after_ms, a
 -- Complete's with outcome. If any call fails, the whole batch rolls back and
 -- the server runs the calls one by one, so a failing call never fails the
