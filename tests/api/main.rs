@@ -6,6 +6,7 @@ mod admin;
 mod auth;
 #[path = "conformance/backend.rs"]
 mod backend;
+mod batch_statement;
 mod batches;
 mod complete;
 mod concurrency;
