@@ -13,11 +13,11 @@
 -- earlier ones did). The caller orders the calls by (tenant, scope, key),
 -- whatever their kind, so every batch takes its row locks in the same order
 -- and two batches do not deadlock (one exception, a refused success among
--- successes recorded together: idempotency_succeed_together). Rows come back tagged with the call's
--- position (ord, from 1), an Acquire's with decision and retry_after_ms, a
--- Complete's with outcome. If any call fails, the whole batch rolls back and
--- the server runs the calls one by one, so a failing call never fails the
--- others.
+-- successes recorded together: idempotency_succeed_together). Rows come
+-- back tagged with the call's position (ord, from 1), an Acquire's with
+-- decision and retry_after_ms, a Complete's with outcome. If any call
+-- fails, the whole batch rolls back and the server runs the calls one by
+-- one, so a failing call never fails the others.
 --
 -- The common cases are decided here, without calling the single-call
 -- function: a call that creates its record, and a Complete that records its
@@ -54,8 +54,8 @@
 -- the first later call that runs a single-call function (which locks its
 -- row) and otherwise after the loop, before the new keys' INSERT. Rows are
 -- thus still locked in key order (but for the successes that UPDATE does
--- not apply to: see idempotency_succeed_together). One UPDATE for a batch's successes
--- instead of one each takes a fifth off a cycle's instructions at 16
+-- not apply to: see idempotency_succeed_together). One UPDATE for a
+-- batch's successes instead of one each takes a fifth off a cycle's instructions at 16
 -- calls of each kind a batch, a tenth at 4, and costs the same at 2
 -- (bench/wal/instructions.sh with MIXED=1 and BATCH).
 --
@@ -135,11 +135,6 @@ CREATE OR REPLACE FUNCTION idempotency_succeed_together(
     p_content_type    text[],
     p_status_code     integer[],
     p_result_ref      text[],
-    p_error           text[],
-    p_permanent       boolean[],
-    p_retry_after_ms  bigint[],
-    p_backoff_base_ms bigint[],
-    p_backoff_cap_ms  bigint[],
     p_clock_offset_ms bigint
 )
 RETURNS TABLE (ord integer, decision text, retry_after_ms bigint, outcome text,
@@ -181,16 +176,16 @@ BEGIN
         RETURN;
     END IF;
     -- The successes the UPDATE did not apply to (it returned the others).
+    -- A failure's arguments (error, permanence, retry delay, backoff) mean
+    -- nothing to a success.
     FOREACH ord IN ARRAY p_calls LOOP
         CONTINUE WHEN ord = ANY (v_done);
         RETURN QUERY
             SELECT ord, NULL::text, NULL::bigint, c.outcome, c.rec
               FROM idempotency_complete(p_tenant[ord], p_scope[ord], p_key[ord], p_token[ord],
                                         'SUCCESS', p_result[ord], p_content_type[ord],
-                                        p_status_code[ord], p_result_ref[ord], p_error[ord],
-                                        p_permanent[ord], p_retry_after_ms[ord],
-                                        p_backoff_base_ms[ord], p_backoff_cap_ms[ord],
-                                        p_clock_offset_ms) c;
+                                        p_status_code[ord], p_result_ref[ord], NULL, NULL,
+                                        NULL, NULL, NULL, p_clock_offset_ms) c;
     END LOOP;
 END;
 $$;
@@ -352,8 +347,7 @@ BEGIN
         IF cardinality(v_succ) > 0 THEN
             RETURN QUERY SELECT * FROM idempotency_succeed_together(
                 v_succ, p_tenant, p_scope, p_key, p_token, p_result, p_content_type,
-                p_status_code, p_result_ref, p_error, p_permanent, p_retry_after_ms,
-                p_backoff_base_ms, p_backoff_cap_ms, p_clock_offset_ms);
+                p_status_code, p_result_ref, p_clock_offset_ms);
             v_succ := '{}';
         END IF;
         IF p_acquire[i] THEN
@@ -376,8 +370,7 @@ BEGIN
     IF cardinality(v_succ) > 0 THEN
         RETURN QUERY SELECT * FROM idempotency_succeed_together(
             v_succ, p_tenant, p_scope, p_key, p_token, p_result, p_content_type,
-            p_status_code, p_result_ref, p_error, p_permanent, p_retry_after_ms,
-            p_backoff_base_ms, p_backoff_cap_ms, p_clock_offset_ms);
+            p_status_code, p_result_ref, p_clock_offset_ms);
     END IF;
     -- The new keys, created in key order; each row comes back with its
     -- call's position looked up among the (distinct) keys waiting here.
