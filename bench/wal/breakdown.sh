@@ -18,6 +18,13 @@
 #   bash bench/wal/breakdown.sh            # 8,000 cycles, batches of 16
 #   CYCLES=16000 BATCH=32 WAL_COMPRESSION=lz4 FILLFACTOR=90 bash bench/wal/breakdown.sh
 #   SQL_FROM=/path/to/older/checkout bash bench/wal/breakdown.sh   # its sql/
+#   PRIMARY_KEY_ONLY=1 bash bench/wal/breakdown.sh   # no other index
+#   REFERENCE=limit bash bench/wal/breakdown.sh      # bench/limit's SQL
+#
+# PRIMARY_KEY_ONLY drops every index but the primary key, so that a
+# Complete is a HOT update: what this record would write if nothing had to
+# find dead holders or expired records. REFERENCE=limit runs the same
+# cycles, with the same values, through the physical limit's SQL instead.
 #
 # Needs PostgreSQL's server binaries (bench/wal/cluster.sh); as root it
 # runs the cluster as user postgres.
@@ -31,12 +38,26 @@ settings="-c wal_compression=${WAL_COMPRESSION:-off}"
 # shellcheck source=bench/wal/cluster.sh
 . "$here/cluster.sh"
 load_sql "${SQL_FROM:-$root}" "$here/cycles.sql"
+table=idempotency_keys
+procedure=wal_cycles
+if [ "${REFERENCE:-}" = limit ]; then
+    psql_db -c "SET client_min_messages = warning" -f "$root/bench/limit/limit.sql" >/dev/null
+    table=limit_keys
+    procedure=limit_cycles
+fi
 if [ -n "${FILLFACTOR:-}" ]; then
-    psql_db -c "ALTER TABLE idempotency_keys SET (fillfactor = $FILLFACTOR)"
+    psql_db -c "ALTER TABLE $table SET (fillfactor = $FILLFACTOR)"
+fi
+if [ -n "${PRIMARY_KEY_ONLY:-}" ]; then
+    psql_db -c "DO \$\$ DECLARE i regclass; BEGIN
+        FOR i IN SELECT indexrelid FROM pg_index
+                  WHERE indrelid = '$table'::regclass AND NOT indisprimary LOOP
+            EXECUTE format('DROP INDEX %s', i);
+        END LOOP; END \$\$"
 fi
 psql_db -c "CHECKPOINT"
 # Warm up: the first batches extend the table and grow the indexes' roots.
-psql_db -c "CALL wal_cycles($((batch * 100)), $batch, 'warm')"
+psql_db -c "CALL $procedure($((batch * 100)), $batch, 'warm')"
 # The measured cycles run in one session, which reads its own backend's
 # time on a CPU (/proc/self/schedstat, in nanoseconds) before and after:
 # what the SQL costs per cycle, commits included, without the noise of a
@@ -44,13 +65,13 @@ psql_db -c "CALL wal_cycles($((batch * 100)), $batch, 'warm')"
 read -r start end cpu_ns <<<"$(psql_db -F ' ' <<SQL
 SELECT pg_current_wal_insert_lsn() AS start,
        split_part(pg_read_file('/proc/self/schedstat'), ' ', 1)::bigint AS cpu0 \gset
-CALL wal_cycles($cycles, $batch, 'run');
+CALL $procedure($cycles, $batch, 'run');
 SELECT :'start', pg_current_wal_insert_lsn(),
        split_part(pg_read_file('/proc/self/schedstat'), ' ', 1)::bigint - :cpu0;
 SQL
 )"
 bytes=$(psql_db -c "SELECT pg_wal_lsn_diff('$end', '$start')")
-echo "$cycles cycles in batches of $batch, wal_compression ${WAL_COMPRESSION:-off}, fillfactor ${FILLFACTOR:-as migrated}: $(awk -v b="$bytes" -v n="$cycles" 'BEGIN{printf "%.1f", b/n}') WAL bytes and $(awk -v c="$cpu_ns" -v n="$cycles" 'BEGIN{printf "%.1f", c/n/1000}') µs of the backend's CPU per cycle"
+echo "$cycles cycles ($procedure) in batches of $batch, wal_compression ${WAL_COMPRESSION:-off}, fillfactor ${FILLFACTOR:-as migrated}: $(awk -v b="$bytes" -v n="$cycles" 'BEGIN{printf "%.1f", b/n}') WAL bytes and $(awk -v c="$cpu_ns" -v n="$cycles" 'BEGIN{printf "%.1f", c/n/1000}') µs of the backend's CPU per cycle"
 printf '%-24s %10s %12s %12s\n' "record type" "per cycle" "bytes/cycle" "FPI b/cycle"
 as_owner "'$bin/pg_waldump' -p '$data/db/pg_wal' -s $start -e $end --stats=record" 2>/dev/null |
     awk -v n="$cycles" '

@@ -38,3 +38,28 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+-- The same cycles through the physical limit's SQL (bench/limit/limit.sql,
+-- loaded by breakdown.sh for REFERENCE=limit), storing the same key, the
+-- same 64-character fingerprint and the same result, one transaction per
+-- call as its pgbench script runs them: what the limit writes for the
+-- values a record here holds (bench/limit/cycle.pgbench stores a 2-byte
+-- fingerprint and a 2-byte result).
+CREATE OR REPLACE PROCEDURE limit_cycles(p_cycles integer, p_batch integer, p_prefix text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_key   text;
+    v_token uuid;
+BEGIN
+    FOR i IN 0 .. p_cycles / p_batch * p_batch - 1 LOOP
+        v_key := format('%s-%s-%s', p_prefix, lpad((i / p_batch)::text, 5, '0'),
+                        lpad((i % p_batch + 1)::text, 2, '0'));
+        SELECT token INTO v_token
+          FROM limit_acquire('tenant', 'payments', v_key, repeat('f', 64), 900);
+        COMMIT;
+        PERFORM limit_complete('tenant', 'payments', v_key, v_token,
+                               convert_to('{"charge":"ch_1","amount":1200}', 'UTF8'));
+        COMMIT;
+    END LOOP;
+END;
+$$;
