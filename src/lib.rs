@@ -69,7 +69,8 @@
 //! - [`transport`]: the network edge, where no caller is trusted yet: the
 //!   one accept loop (connection cap, handshake time limit, back-off when
 //!   descriptors run out) for both ports, HTTP/2 connections (keepalive,
-//!   idle timeout) and the HTTP port's HTTP/1.1-or-HTTP/2 ones, and
+//!   idle timeout; a batch's answers written together) and the HTTP port's
+//!   HTTP/1.1-or-HTTP/2 ones, and
 //!   admission, which answers each call from its headers (credentials, room
 //!   in the in-flight byte budget and its tenant's share, deadline) before a
 //!   byte of its body is read, holds the body to size and time limits while

@@ -1,5 +1,6 @@
 //! One client connection: gRPC over HTTP/2 on the gRPC port (its calls go
-//! through [`Admission`]), HTTP/1.1 or HTTP/2 on the HTTP/JSON port (its
+//! through [`Admission`]; the answers of one batch leave in one write,
+//! [`Coalesced`]), HTTP/1.1 or HTTP/2 on the HTTP/JSON port (its
 //! requests go to the [`HttpHandler`] startup hands it). Either is closed
 //! gracefully (GOAWAY or `Connection: close`, requests in flight finish) when
 //! it has had no request for the idle timeout or when the server drains,
@@ -29,6 +30,7 @@ use super::accept::{Protocol, read_preface, read_start, within};
 use super::activity::{Activity, OpenCall};
 use super::admission::Admission;
 use super::body::{ByteBudget, Full};
+use super::coalesce::Coalesced;
 use crate::error::cause_chain;
 use crate::tls::Tls;
 
@@ -100,14 +102,17 @@ impl Protocol for Grpc {
             })
         };
         let connection = self.builder.serve_connection(TokioIo::new(io), service);
-        drive(
-            connection,
-            |c| c.graceful_shutdown(),
-            &activity,
-            self.idle_timeout,
-            draining,
+        // A batch's answers on this connection leave in one write.
+        Coalesced::new(
+            drive(
+                connection,
+                |c| c.graceful_shutdown(),
+                &activity,
+                self.idle_timeout,
+                draining,
+            )
+            .instrument(tracing::info_span!("connection", %peer)),
         )
-        .instrument(tracing::info_span!("connection", %peer))
         .await;
     }
 }

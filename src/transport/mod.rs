@@ -1,10 +1,11 @@
 //! The network edge, where no caller is trusted yet: accepting connections
 //! (`accept`), serving each over HTTP/2 with keepalive and an idle timeout
-//! (`connection`), and admitting each call on its headers before any of its
-//! body is read (`admission`), its bytes held to a server-wide budget and a
-//! time limit while they arrive (`body`). The HTTP/JSON port shares the
-//! accept loop and the limits, and reaches the Coordinator through the same
-//! admission.
+//! (`connection`; a gRPC connection writes the answers of one batch
+//! together: `coalesce`), and admitting each call on its headers before any
+//! of its body is read (`admission`), its bytes held to a server-wide budget
+//! and a time limit while they arrive (`body`). The HTTP/JSON port shares
+//! the accept loop and the limits, and reaches the Coordinator through the
+//! same admission.
 //!
 //! Everything a client can make the server hold is bounded here; README,
 //! "Limits", adds the bounds up.
@@ -13,6 +14,7 @@ mod accept;
 mod activity;
 mod admission;
 mod body;
+mod coalesce;
 mod connection;
 
 use std::future::Future;
