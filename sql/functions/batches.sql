@@ -55,9 +55,9 @@
 -- row) and otherwise after the loop, before the new keys' INSERT. Rows are
 -- thus still locked in key order (but for the successes that UPDATE does
 -- not apply to: see idempotency_succeed_together). One UPDATE for a
--- batch's successes instead of one each takes a fifth off a cycle's instructions at 16
--- calls of each kind a batch, a tenth at 4, and costs the same at 2
--- (bench/wal/instructions.sh with MIXED=1 and BATCH).
+-- batch's successes instead of one each takes a fifth off a cycle's
+-- instructions at 16 calls of each kind a batch, a tenth at 4, and costs
+-- the same at 2 (bench/wal/instructions.sh with MIXED=1 and BATCH).
 --
 -- New keys are created together, in one INSERT after the loop. PostgreSQL
 -- sets up a statement's executor every time the statement runs (the INSERT

@@ -179,16 +179,8 @@ async fn a_batchs_successes_are_recorded_together_and_each_answered_as_alone() {
     .map(|((k, o), ord)| (ord, (*k).to_owned(), (*o).to_owned()))
     .collect();
     assert_eq!(answers, expect);
-    let statuses: Vec<(String, String)> = db
-        .query(
-            "SELECT idempotency_key, status FROM idempotency_keys WHERE scope = 'sql' ORDER BY 1",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    // The test's own database holds only this test's records.
+    let statuses = statuses(&app.db).await;
     let expect: Vec<(String, String)> = [
         ("c1", "SUCCEEDED"),
         ("c2", "SUCCEEDED"),
