@@ -323,15 +323,16 @@ async fn connection<C>(mux: &Mux, batch: &mut Vec<Pending<C>>) -> Option<Arc<Sha
 /// (or whose caller's deadline has passed).
 fn drop_late<C>(batch: &mut Vec<Pending<C>>) {
     let now = Instant::now();
-    for pending in std::mem::take(batch) {
-        if pending.reply.is_closed() {
-            continue;
-        }
-        if pending.take_by < now || pending.answer_by.is_some_and(|at| at <= now) {
+    // In place: the calls kept stay where they are, in their order.
+    let late = |pending: &mut Pending<C>| {
+        pending.reply.is_closed()
+            || pending.take_by < now
+            || pending.answer_by.is_some_and(|at| at <= now)
+    };
+    for pending in batch.extract_if(.., late) {
+        if !pending.reply.is_closed() {
             let _ = pending.reply.send(Err(not_taken()));
-            continue;
         }
-        batch.push(pending);
     }
 }
 
