@@ -2,6 +2,7 @@
 //! (by scope too, when asked), lease takeovers, and refused calls on a lease
 //! or record.
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
@@ -99,11 +100,29 @@ fn latency_histogram() -> Histogram {
     Histogram::new(LATENCY_BUCKETS)
 }
 
+/// How many gRPC status codes there are (0 to 16).
+const CODES: usize = 17;
+
+/// One method's series of `rpcs` (one per status code) and of
+/// `rpc_duration`, each taken from its family the first time it is needed
+/// and kept: a family finds a member by hashing its labels under a lock,
+/// which every call would otherwise pay twice.
+#[derive(Default)]
+struct MethodSeries {
+    calls: [OnceLock<Counter>; CODES],
+    duration: OnceLock<Histogram>,
+}
+
 /// The calls' metrics.
 pub(super) struct Calls {
     rpcs: Family<RpcLabels, Counter>,
     rpc_duration: HistogramFamily<MethodLabels>,
+    /// Indexed by [`Method::slot`].
+    series: Box<[MethodSeries]>,
     decisions: Family<DecisionLabels, Counter>,
+    /// `decisions`' series, indexed by [`Decision`] in its order (see
+    /// [`MethodSeries`]).
+    decision_series: [Counter; Decision::ALL.len()],
     decisions_by_scope: Family<ScopeDecisionLabels, Counter>,
     takeovers: Counter,
     refusals: Family<ReasonLabels, Counter>,
@@ -112,10 +131,19 @@ pub(super) struct Calls {
 impl Calls {
     /// The calls' metrics, registered in `r`, their bounded series at zero.
     pub(super) fn new(r: &mut Registry) -> Self {
+        let decisions: Family<DecisionLabels, Counter> = Family::default();
         let m = Calls {
             rpcs: Family::default(),
             rpc_duration: Family::new_with_constructor(latency_histogram),
-            decisions: Family::default(),
+            series: (0..slot_count()).map(|_| MethodSeries::default()).collect(),
+            decision_series: Decision::ALL.map(|decision| {
+                decisions
+                    .get_or_create(&DecisionLabels {
+                        decision: decision.name(),
+                    })
+                    .clone()
+            }),
+            decisions,
             decisions_by_scope: Family::default(),
             takeovers: Counter::default(),
             refusals: Family::default(),
@@ -151,11 +179,6 @@ impl Calls {
             "Calls on a lease or record refused, by reason (LEASE_LOST, LEASE_EXPIRED, ALREADY_COMPLETED, RECORD_NOT_FOUND)",
             m.refusals.clone(),
         );
-        for decision in Decision::ALL {
-            let _ = m.decisions.get_or_create(&DecisionLabels {
-                decision: decision.name(),
-            });
-        }
         for reason in REFUSALS {
             let _ = m.refusals.get_or_create(&ReasonLabels { reason });
         }
@@ -195,26 +218,55 @@ fn code_name(code: Code) -> &'static str {
     }
 }
 
+/// A method of the fixed table, or `unknown`.
+#[derive(Debug)]
+struct Method {
+    labels: MethodLabels,
+    /// Where its series are kept: each service's methods in the table's
+    /// order, then that service's `unknown` method; after every service's,
+    /// the `unknown` service's.
+    slot: usize,
+}
+
+/// How many slots [`Method::slot`] takes.
+fn slot_count() -> usize {
+    SERVICES
+        .iter()
+        .map(|(_, methods)| methods.len() + 1)
+        .sum::<usize>()
+        + 1
+}
+
 /// The service and method a call's path names, from the fixed table.
-fn method_of(path: &str) -> MethodLabels {
-    let unknown = MethodLabels {
-        service: UNKNOWN,
-        method: UNKNOWN,
+fn method_of(path: &str) -> Method {
+    let unknown = Method {
+        labels: MethodLabels {
+            service: UNKNOWN,
+            method: UNKNOWN,
+        },
+        slot: slot_count() - 1,
     };
     let Some((service, method)) = path.strip_prefix('/').and_then(|p| p.split_once('/')) else {
         return unknown;
     };
-    let Some((service, methods)) = SERVICES.iter().find(|(name, _)| *name == service) else {
-        return unknown;
-    };
-    MethodLabels {
-        service,
-        method: methods
-            .iter()
-            .find(|name| **name == method)
-            .copied()
-            .unwrap_or(UNKNOWN),
+    let mut first = 0;
+    for (name, methods) in SERVICES {
+        if *name == service {
+            let at = methods
+                .iter()
+                .position(|m| *m == method)
+                .unwrap_or(methods.len());
+            return Method {
+                labels: MethodLabels {
+                    service: name,
+                    method: methods.get(at).copied().unwrap_or(UNKNOWN),
+                },
+                slot: first + at,
+            };
+        }
+        first += methods.len() + 1;
     }
+    unknown
 }
 
 /// One call, from its admission until its final status is known. Dropped
@@ -222,7 +274,7 @@ fn method_of(path: &str) -> MethodLabels {
 /// before its status was sent), it counts as CANCELLED.
 #[derive(Debug)]
 pub struct Rpc {
-    method: MethodLabels,
+    method: Method,
     started: Instant,
     finished: bool,
 }
@@ -245,15 +297,21 @@ impl Rpc {
     fn record(&mut self, code: Code) {
         self.finished = true;
         let m = &METRICS.calls;
-        m.rpcs
-            .get_or_create(&RpcLabels {
-                service: self.method.service,
-                method: self.method.method,
-                code: code_name(code),
+        let series = &m.series[self.method.slot];
+        series.calls[code as usize]
+            .get_or_init(|| {
+                m.rpcs
+                    .get_or_create(&RpcLabels {
+                        service: self.method.labels.service,
+                        method: self.method.labels.method,
+                        code: code_name(code),
+                    })
+                    .clone()
             })
             .inc();
-        m.rpc_duration
-            .get_or_create(&self.method)
+        series
+            .duration
+            .get_or_init(|| m.rpc_duration.get_or_create(&self.method.labels).clone())
             .observe(self.started.elapsed().as_secs_f64());
     }
 }
@@ -266,18 +324,15 @@ impl Drop for Rpc {
     }
 }
 
-/// An Acquire answered `decision` (its name in the contract,
-/// [`Decision::name`], e.g. `PROCEED`) for `scope`; `takeover` when it took
+/// An Acquire answered `decision` for `scope`; `takeover` when it took
 /// over a lease that ran out.
-pub fn acquired(decision: &'static str, scope: &str, takeover: bool) {
+pub fn acquired(decision: Decision, scope: &str, takeover: bool) {
     let m = &METRICS.calls;
-    m.decisions
-        .get_or_create(&DecisionLabels { decision })
-        .inc();
+    m.decision_series[decision as usize].inc();
     if SCOPE_LABELS.load(Ordering::Relaxed) {
         m.decisions_by_scope
             .get_or_create(&ScopeDecisionLabels {
-                decision,
+                decision: decision.name(),
                 scope: scope.to_owned(),
             })
             .inc();
@@ -303,14 +358,14 @@ mod tests {
 
     #[test]
     fn paths_map_to_known_methods_or_unknown() {
-        let m = method_of("/idempotency.v1.Coordinator/Acquire");
+        let m = method_of("/idempotency.v1.Coordinator/Acquire").labels;
         assert_eq!(
             (m.service, m.method),
             ("idempotency.v1.Coordinator", "Acquire")
         );
-        let m = method_of("/grpc.health.v1.Health/Check");
+        let m = method_of("/grpc.health.v1.Health/Check").labels;
         assert_eq!((m.service, m.method), ("grpc.health.v1.Health", "Check"));
-        let m = method_of("/idempotency.v1.Coordinator/DropTables");
+        let m = method_of("/idempotency.v1.Coordinator/DropTables").labels;
         assert_eq!(
             (m.service, m.method),
             ("idempotency.v1.Coordinator", UNKNOWN)
@@ -322,8 +377,64 @@ mod tests {
             "/a.b.C/Acquire",
             "idempotency.v1.Coordinator/Acquire",
         ] {
-            let m = method_of(path);
+            let m = method_of(path).labels;
             assert_eq!((m.service, m.method), (UNKNOWN, UNKNOWN), "{path:?}");
+        }
+    }
+
+    #[test]
+    fn every_label_pair_has_a_series_slot_of_its_own() {
+        let mut slots = Vec::new();
+        for (service, methods) in SERVICES {
+            for method in methods.iter().chain(["NotAMethod"].iter()) {
+                let m = method_of(&format!("/{service}/{method}"));
+                let expected = if *method == "NotAMethod" {
+                    UNKNOWN
+                } else {
+                    method
+                };
+                assert_eq!((m.labels.service, m.labels.method), (*service, expected));
+                slots.push(m.slot);
+            }
+        }
+        slots.push(method_of("/a.b.C/Acquire").slot);
+        assert_eq!(method_of("/x").slot, method_of("/a.b.C/Acquire").slot);
+        slots.sort_unstable();
+        assert_eq!(slots, (0..slot_count()).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn every_call_counts_in_the_exported_family_not_only_the_first() {
+        let path = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo";
+        let labels = RpcLabels {
+            service: "grpc.reflection.v1alpha.ServerReflection",
+            method: "ServerReflectionInfo",
+            code: "DATA_LOSS",
+        };
+        let exported = || METRICS.calls.rpcs.get_or_create(&labels).get();
+        let before = exported();
+        for _ in 0..3 {
+            Rpc::start(path).finish(Code::DataLoss);
+        }
+        assert_eq!(exported(), before + 3);
+    }
+
+    #[test]
+    fn each_decision_counts_in_its_own_series() {
+        for (at, decision) in Decision::ALL.into_iter().enumerate() {
+            assert_eq!(decision as usize, at, "{decision:?}");
+            let exported = || {
+                METRICS
+                    .calls
+                    .decisions
+                    .get_or_create(&DecisionLabels {
+                        decision: decision.name(),
+                    })
+                    .get()
+            };
+            let before = exported();
+            acquired(decision, "s", false);
+            assert!(exported() > before, "{decision:?}");
         }
     }
 

@@ -26,6 +26,9 @@ struct ResultLabels {
     result: &'static str,
 }
 
+/// The `replay_cache_lookups` results: a miss, a hit.
+const REPLAY_RESULTS: [&str; 2] = ["miss", "hit"];
+
 fn batch_histogram() -> Histogram {
     Histogram::new(BATCH_BUCKETS)
 }
@@ -38,17 +41,38 @@ pub(super) struct Store {
     batch_queued: Gauge,
     replay_lookups: Family<ResultLabels, Counter>,
     replay_bytes: Gauge,
+    /// The series every batch or Acquire counts in, taken from their
+    /// families once (see `calls::MethodSeries`): per [`BatchKind`], its
+    /// `batch_size` and `group_commits`; `replay_lookups` for a miss and a
+    /// hit.
+    batch_series: [(Histogram, Counter); 2],
+    replay_series: [Counter; 2],
 }
 
 impl Store {
     /// The store's metrics, registered in `r`, their bounded series at zero.
     pub(super) fn new(r: &mut Registry) -> Self {
+        let batch_size: HistogramFamily<KindLabels> = Family::new_with_constructor(batch_histogram);
+        let group_commits: Family<KindLabels, Counter> = Family::default();
+        let replay_lookups: Family<ResultLabels, Counter> = Family::default();
         let m = Store {
             database_errors: Family::default(),
-            batch_size: Family::new_with_constructor(batch_histogram),
-            group_commits: Family::default(),
+            batch_series: BatchKind::ALL.map(|kind| {
+                let labels = KindLabels { kind: kind.label() };
+                (
+                    batch_size.get_or_create(&labels).clone(),
+                    group_commits.get_or_create(&labels).clone(),
+                )
+            }),
+            replay_series: REPLAY_RESULTS.map(|result| {
+                replay_lookups
+                    .get_or_create(&ResultLabels { result })
+                    .clone()
+            }),
+            batch_size,
+            group_commits,
             batch_queued: Gauge::default(),
-            replay_lookups: Family::default(),
+            replay_lookups,
             replay_bytes: Gauge::default(),
         };
         r.register(
@@ -91,14 +115,6 @@ impl Store {
             let _ = self
                 .database_errors
                 .get_or_create(&KindLabels { kind: kind.label() });
-        }
-        for kind in BatchKind::ALL {
-            let labels = KindLabels { kind: kind.label() };
-            let _ = self.batch_size.get_or_create(&labels);
-            let _ = self.group_commits.get_or_create(&labels);
-        }
-        for result in ["hit", "miss"] {
-            let _ = self.replay_lookups.get_or_create(&ResultLabels { result });
         }
     }
 
@@ -184,20 +200,44 @@ pub fn batch_ran(kind: BatchKind, calls: usize) {
     if calls == 0 {
         return;
     }
-    let m = &METRICS.store;
-    let labels = KindLabels { kind: kind.label() };
-    m.batch_size.get_or_create(&labels).observe(calls as f64);
+    let (batch_size, group_commits) = &METRICS.store.batch_series[kind as usize];
+    batch_size.observe(calls as f64);
     if calls > 1 {
-        m.group_commits.get_or_create(&labels).inc();
+        group_commits.inc();
     }
 }
 
 /// An Acquire was looked up in the replay cache.
 pub fn replay_lookup(hit: bool) {
-    let result = if hit { "hit" } else { "miss" };
-    METRICS
-        .store
-        .replay_lookups
-        .get_or_create(&ResultLabels { result })
-        .inc();
+    METRICS.store.replay_series[usize::from(hit)].inc();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kind_and_result_counts_in_its_own_series() {
+        let m = &METRICS.store;
+        for (at, kind) in BatchKind::ALL.into_iter().enumerate() {
+            assert_eq!(kind as usize, at, "{kind:?}");
+            let labels = KindLabels { kind: kind.label() };
+            let commits = || m.group_commits.get_or_create(&labels).get();
+            let before = commits();
+            batch_ran(kind, 2);
+            assert!(commits() > before, "{kind:?}");
+        }
+        for hit in [false, true] {
+            let result = REPLAY_RESULTS[usize::from(hit)];
+            assert_eq!(result, if hit { "hit" } else { "miss" });
+            let lookups = || {
+                m.replay_lookups
+                    .get_or_create(&ResultLabels { result })
+                    .get()
+            };
+            let before = lookups();
+            replay_lookup(hit);
+            assert!(lookups() > before, "{result}");
+        }
+    }
 }

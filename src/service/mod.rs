@@ -130,8 +130,11 @@ impl CoordinatorService {
                 }
             }
             .map_err(Error::from)?;
-            let decision = acquired.decision.name();
-            metrics::acquired(decision, cmd.id.scope.as_str(), acquired.took_over());
+            metrics::acquired(
+                acquired.decision,
+                cmd.id.scope.as_str(),
+                acquired.took_over(),
+            );
             tracing::debug!(scope = cmd.id.scope.as_str(), decision = ?acquired.decision, "acquire");
             let answer = encode::acquired(acquired);
             telemetry::record_decision(answer.decision().as_str_name());
