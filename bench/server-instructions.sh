@@ -35,7 +35,10 @@ db_url=${url%/*}/$db
 work=$(mktemp -d)
 
 cleanup() {
-    [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+    if [ -n "${pid:-}" ]; then
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    fi
     psql -qX "$url" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null || true
     rm -rf "$work"
 }
@@ -43,7 +46,8 @@ trap cleanup EXIT
 
 psql -qX "$url" -c "CREATE DATABASE $db" >/dev/null
 "$server" migrate --database-url "$db_url" >"$work/migrate.log" 2>&1
-valgrind --tool=callgrind --callgrind-out-file="$work/cg.out" \
+# The start is awaited by its info-level log line, whatever RUST_LOG says.
+RUST_LOG=info valgrind --tool=callgrind --callgrind-out-file="$work/cg.out" \
     "$server" serve --database-url "$db_url" --listen "127.0.0.1:$port" \
     --metrics-listen "127.0.0.1:$metrics_port" >"$work/server.log" 2>&1 &
 pid=$!
@@ -54,7 +58,7 @@ for _ in $(seq 1 300); do
 done
 grep -q "listening for changes" "$work/server.log" || { echo "the server did not start" >&2; exit 1; }
 
-"$bench" --target "127.0.0.1:$port" --scenario "$scenario" --clients "$clients" \
+DATABASE_URL="$db_url" "$bench" --target "127.0.0.1:$port" --scenario "$scenario" --clients "$clients" \
     --seconds "$seconds" >"$work/bench.log"
 grep '^RESULT' "$work/bench.log"
 
@@ -68,6 +72,10 @@ completes=$(calls Complete)
 kill -INT "$pid"
 wait "$pid" 2>/dev/null || true
 pid=
+if [ $((acquires + completes)) -eq 0 ]; then
+    echo "the server answered no Acquire or Complete" >&2
+    exit 1
+fi
 total=$(awk '/^(summary|totals):/ { print $2; exit }' "$work/cg.out")
 [ -n "${KEEP:-}" ] && cp "$work/cg.out" "$KEEP"
 awk -v t="$total" -v a="$acquires" -v c="$completes" -v s="$scenario" 'BEGIN {

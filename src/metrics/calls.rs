@@ -404,19 +404,25 @@ mod tests {
     }
 
     #[test]
-    fn every_call_counts_in_the_exported_family_not_only_the_first() {
+    fn every_call_counts_in_the_exported_series_of_its_code() {
         let path = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo";
-        let labels = RpcLabels {
-            service: "grpc.reflection.v1alpha.ServerReflection",
-            method: "ServerReflectionInfo",
-            code: "DATA_LOSS",
+        let exported = |code: &'static str| {
+            let labels = RpcLabels {
+                service: "grpc.reflection.v1alpha.ServerReflection",
+                method: "ServerReflectionInfo",
+                code,
+            };
+            METRICS.calls.rpcs.get_or_create(&labels).get()
         };
-        let exported = || METRICS.calls.rpcs.get_or_create(&labels).get();
-        let before = exported();
+        let before = (exported("OK"), exported("DATA_LOSS"));
         for _ in 0..3 {
             Rpc::start(path).finish(Code::DataLoss);
         }
-        assert_eq!(exported(), before + 3);
+        Rpc::start(path).finish(Code::Ok);
+        assert_eq!(
+            (exported("OK"), exported("DATA_LOSS")),
+            (before.0 + 1, before.1 + 3)
+        );
     }
 
     #[test]

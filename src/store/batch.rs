@@ -323,7 +323,7 @@ async fn connection<C>(mux: &Mux, batch: &mut Vec<Pending<C>>) -> Option<Arc<Sha
 /// (or whose caller's deadline has passed).
 fn drop_late<C>(batch: &mut Vec<Pending<C>>) {
     let now = Instant::now();
-    // In place: the calls kept stay where they are, in their order.
+    // In place: the calls kept stay in their order.
     let late = |pending: &mut Pending<C>| {
         pending.reply.is_closed()
             || pending.take_by < now

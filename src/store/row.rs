@@ -15,7 +15,10 @@ macro_rules! columns {
         /// Where each column a record is read from sits in a row, found in
         /// one pass over the row's columns. Reading a column by name would
         /// search the row's 30-odd columns again for each of the 26 read,
-        /// once per call answered.
+        /// once per call answered. Every statement whose rows become
+        /// records returns the whole `idempotency_keys` row, so a row
+        /// without one of these columns is corrupt, whether or not its
+        /// record would have read that column.
         struct Columns {
             $($name: usize,)*
         }
