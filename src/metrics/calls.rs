@@ -13,7 +13,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 use tonic::Code;
 
-use super::{HistogramFamily, METRICS};
+use super::{HistogramFamily, METRICS, series};
 use crate::domain::Decision;
 
 /// The services and methods this server answers: the only values the
@@ -137,11 +137,10 @@ impl Calls {
             rpc_duration: Family::new_with_constructor(latency_histogram),
             series: (0..slot_count()).map(|_| MethodSeries::default()).collect(),
             decision_series: Decision::ALL.map(|decision| {
-                decisions
-                    .get_or_create(&DecisionLabels {
-                        decision: decision.name(),
-                    })
-                    .clone()
+                let labels = DecisionLabels {
+                    decision: decision.name(),
+                };
+                series(&decisions, &labels)
             }),
             decisions,
             decisions_by_scope: Family::default(),
@@ -297,21 +296,21 @@ impl Rpc {
     fn record(&mut self, code: Code) {
         self.finished = true;
         let m = &METRICS.calls;
-        let series = &m.series[self.method.slot];
-        series.calls[code as usize]
+        let method = &m.series[self.method.slot];
+        let labels = &self.method.labels;
+        method.calls[code as usize]
             .get_or_init(|| {
-                m.rpcs
-                    .get_or_create(&RpcLabels {
-                        service: self.method.labels.service,
-                        method: self.method.labels.method,
-                        code: code_name(code),
-                    })
-                    .clone()
+                let labels = RpcLabels {
+                    service: labels.service,
+                    method: labels.method,
+                    code: code_name(code),
+                };
+                series(&m.rpcs, &labels)
             })
             .inc();
-        series
+        method
             .duration
-            .get_or_init(|| m.rpc_duration.get_or_create(&self.method.labels).clone())
+            .get_or_init(|| series(&m.rpc_duration, labels))
             .observe(self.started.elapsed().as_secs_f64());
     }
 }

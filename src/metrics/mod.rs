@@ -63,6 +63,18 @@ pub use waiters::{OpenStream, Stream, Waiter, stream_opened, waiter_refused};
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
+/// `family`'s series for `labels`, created if new, as a handle of its own
+/// that shares the family's value: kept by a hot path, it spares every
+/// call the family's hashed lookup under its lock.
+fn series<L, M, C>(family: &Family<L, M, C>, labels: &L) -> M
+where
+    L: Clone + std::hash::Hash + Eq,
+    M: Clone,
+    C: prometheus_client::metrics::family::MetricConstructor<M>,
+{
+    family.get_or_create(labels).clone()
+}
+
 /// Every metric of the process, by area, and the registry that encodes
 /// them.
 struct Metrics {

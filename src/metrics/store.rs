@@ -9,7 +9,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
 use super::snapshot::{Snapshot, count};
-use super::{HistogramFamily, METRICS};
+use super::{HistogramFamily, METRICS, series};
 
 /// Calls per batch statement: 1 up to the largest `--batch-size` (1000).
 const BATCH_BUCKETS: [f64; 11] = [
@@ -45,8 +45,8 @@ pub(super) struct Store {
     /// families once (see `calls::MethodSeries`): per [`BatchKind`], its
     /// `batch_size` and `group_commits`; `replay_lookups` for a miss and a
     /// hit.
-    batch_series: [(Histogram, Counter); 2],
-    replay_series: [Counter; 2],
+    batch_series: [(Histogram, Counter); BatchKind::ALL.len()],
+    replay_series: [Counter; REPLAY_RESULTS.len()],
 }
 
 impl Store {
@@ -60,15 +60,12 @@ impl Store {
             batch_series: BatchKind::ALL.map(|kind| {
                 let labels = KindLabels { kind: kind.label() };
                 (
-                    batch_size.get_or_create(&labels).clone(),
-                    group_commits.get_or_create(&labels).clone(),
+                    series(&batch_size, &labels),
+                    series(&group_commits, &labels),
                 )
             }),
-            replay_series: REPLAY_RESULTS.map(|result| {
-                replay_lookups
-                    .get_or_create(&ResultLabels { result })
-                    .clone()
-            }),
+            replay_series: REPLAY_RESULTS
+                .map(|result| series(&replay_lookups, &ResultLabels { result })),
             batch_size,
             group_commits,
             batch_queued: Gauge::default(),
