@@ -13,7 +13,7 @@ use crate::domain::{
     Summary, Tenant,
 };
 
-const ACT: &str = "SELECT a.outcome, (a.rec).*, idempotency_in_time($8, $7) AS in_time \
+const ACT: &str = "SELECT a.outcome, a.rec, idempotency_in_time($8, $7) AS in_time \
      FROM idempotency_admin_act($1, $2, $3, $4, $5, $6, $7) a";
 const DELETE: &str = "SELECT d.*, idempotency_in_time($5, $4) AS in_time \
      FROM idempotency_admin_delete($1, $2, $3, $4) d";

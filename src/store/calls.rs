@@ -33,20 +33,20 @@ use crate::metrics::BatchKind;
 
 /// `idempotency_acquire`, its ten arguments bound in `AcquireCall::params`'s
 /// order, then the deadline (`$11`, a `timestamptz` or NULL).
-pub const ACQUIRE: &str = "SELECT a.decision, a.retry_after_ms, (a.rec).*, \
+pub const ACQUIRE: &str = "SELECT a.decision, a.retry_after_ms, a.rec, \
      idempotency_in_time($11, $10) AS in_time \
      FROM idempotency_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) a";
 /// `idempotency_complete`, its fifteen arguments bound in
 /// `CompleteCall::params`'s order, then the deadline (`$16`).
-pub const COMPLETE: &str = "SELECT c.outcome, (c.rec).*, idempotency_in_time($16, $15) AS in_time \
+pub const COMPLETE: &str = "SELECT c.outcome, c.rec, idempotency_in_time($16, $15) AS in_time \
      FROM idempotency_complete($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) c";
 /// `idempotency_call_batch`: the 21 arrays of `HotCall::many`, the clock
 /// offset (`$22`) and the deadline (`$23`).
-const CALL_BATCH: &str = "SELECT b.ord, b.decision, b.retry_after_ms, b.outcome, (b.rec).*, \
+const CALL_BATCH: &str = "SELECT b.ord, b.decision, b.retry_after_ms, b.outcome, b.rec, \
      (SELECT idempotency_in_time($23, $22)) AS in_time \
      FROM idempotency_call_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, \
      $15, $16, $17, $18, $19, $20, $21, false, $22) b";
-const CALL_BATCH_AT: &str = "SELECT b.ord, b.decision, b.retry_after_ms, b.outcome, (b.rec).* \
+const CALL_BATCH_AT: &str = "SELECT b.ord, b.decision, b.retry_after_ms, b.outcome, b.rec \
      FROM idempotency_call_batch_at($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, \
      $15, $16, $17, $18, $19, $20, $21, $22, $23, $24) b";
 

@@ -80,7 +80,10 @@ pub use setup::{StoreConfig, pg_config};
 
 /// The statements of the two hot calls run alone, for clients that call the
 /// SQL functions directly as the store does (the benchmark's baseline).
+/// Their rows carry the record as one composite column, `rec`, which
+/// `record_in_rec` reads.
 pub use calls::{ACQUIRE as ACQUIRE_SQL, COMPLETE as COMPLETE_SQL};
+pub use row::record_in_rec;
 
 /// How long one call may take in the store, as its caller sees it.
 ///
@@ -156,7 +159,7 @@ pub struct Store {
 }
 
 // Each ends with the deadline check that `calls` explains.
-const EXTEND_LEASE: &str = "SELECT e.outcome, (e.rec).*, idempotency_in_time($9, $8) AS in_time \
+const EXTEND_LEASE: &str = "SELECT e.outcome, e.rec, idempotency_in_time($9, $8) AS in_time \
      FROM idempotency_extend_lease($1, $2, $3, $4, $5, $6, $7, $8) e";
 const GET: &str = "SELECT g.*, idempotency_in_time($5, $4) AS in_time \
      FROM idempotency_get($1, $2, $3, $4) g";
@@ -266,7 +269,7 @@ impl Store {
             .map(|ms| Duration::from_millis(ms.max(0).unsigned_abs()));
         let acquired = Acquired {
             decision,
-            record: row::record(&row)?,
+            record: row::record_in_rec(&row)?,
             retry_after,
         };
         if let Some(replays) = &self.replays
@@ -373,13 +376,13 @@ impl Store {
     }
 }
 
-/// Reads a `(outcome, rec.*)` row: the record when the outcome is OK, else the
+/// Reads an `(outcome, rec)` row: the record when the outcome is OK, else the
 /// refusal it names.
 fn record_unless_refused(row: Option<Row>) -> Result<Record, StoreError> {
     let row = row.ok_or_else(|| StoreError::Corrupt("the function returned no row".into()))?;
     let outcome: &str = row.try_get("outcome")?;
     match names::refusal(outcome) {
-        Some(None) => row::record(&row),
+        Some(None) => row::record_in_rec(&row),
         Some(Some(refusal)) => Err(refusal.into()),
         None => Err(StoreError::Corrupt(format!("unknown outcome {outcome:?}"))),
     }

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use idempotency_coordinator::store::{ACQUIRE_SQL, COMPLETE_SQL, migrate};
+use idempotency_coordinator::store::{ACQUIRE_SQL, COMPLETE_SQL, migrate, record_in_rec};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Row};
 
@@ -99,7 +99,8 @@ async fn a_statement_finishing_after_its_deadline_rolls_back_whole() {
     let mut client = db.connect().await;
     migrate::migrate(&mut client).await.unwrap();
     let far = database_now(&client).await + chrono::Duration::seconds(60);
-    let token: uuid::Uuid = acquire(&client, far).await.unwrap().get("lease_token");
+    let acquired = acquire(&client, far).await.unwrap();
+    let token = record_in_rec(&acquired).unwrap().lease.token.as_uuid();
 
     // Another session holds the record's row lock past the Complete's
     // deadline: the Complete arrives in time, waits, runs, and must then

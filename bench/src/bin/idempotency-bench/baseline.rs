@@ -5,14 +5,15 @@
 //!
 //! The statements are the store's own (`store::ACQUIRE_SQL`,
 //! `store::COMPLETE_SQL`), which read back the whole record as the
-//! coordinator does, and so are the decision and outcome names
+//! coordinator does and take it apart as the coordinator does
+//! (`store::record_in_rec`), and so are the decision and outcome names
 //! (`store::names`).
 
 use std::sync::Arc;
 
 use idempotency_coordinator::domain;
 use idempotency_coordinator::proto::Decision;
-use idempotency_coordinator::store::{ACQUIRE_SQL, COMPLETE_SQL, names};
+use idempotency_coordinator::store::{ACQUIRE_SQL, COMPLETE_SQL, names, record_in_rec};
 
 /// The arguments the bench's Acquires share with the server's defaults:
 /// lease 15 min, 10 attempts, retention 1 day, no wait, no clock offset.
@@ -53,8 +54,9 @@ impl Sql {
             .await
             .expect("idempotency_acquire");
         let decision = decision(names::decision(row.get::<_, &str>("decision")));
-        let token = (decision == Decision::Proceed)
-            .then(|| row.get::<_, uuid::Uuid>("lease_token").to_string());
+        let record = record_in_rec(&row).expect("the record of idempotency_acquire");
+        let token =
+            (decision == Decision::Proceed).then(|| record.lease.token.as_uuid().to_string());
         (decision as i32, token)
     }
 
