@@ -19,11 +19,15 @@
 #   CYCLES=16000 BATCH=32 WAL_COMPRESSION=lz4 FILLFACTOR=90 bash bench/wal/breakdown.sh
 #   SQL_FROM=/path/to/older/checkout bash bench/wal/breakdown.sh   # its sql/
 #   PRIMARY_KEY_ONLY=1 bash bench/wal/breakdown.sh   # no other index
+#   PRIMARY_KEY_ONLY=1 INDEX_ON="created_at fencing_token" bash bench/wal/breakdown.sh
 #   REFERENCE=limit bash bench/wal/breakdown.sh      # bench/limit's SQL
 #
 # PRIMARY_KEY_ONLY drops every index but the primary key, so that a
 # Complete is a HOT update: what this record would write if nothing had to
-# find dead holders or expired records. REFERENCE=limit runs the same
+# find dead holders or expired records. INDEX_ON adds a plain index on
+# each column it names: on columns a Complete does not change, what a
+# design whose maintenance found records through such columns (and whose
+# Complete stayed HOT) would write. REFERENCE=limit runs the same
 # cycles, with the same values, through the physical limit's SQL instead.
 #
 # Needs PostgreSQL's server binaries (bench/wal/cluster.sh); as root it
@@ -55,6 +59,9 @@ if [ -n "${PRIMARY_KEY_ONLY:-}" ]; then
             EXECUTE format('DROP INDEX %s', i);
         END LOOP; END \$\$"
 fi
+for column in ${INDEX_ON:-}; do
+    psql_db -c "CREATE INDEX ON $table ($column)"
+done
 psql_db -c "CHECKPOINT"
 # Warm up: the first batches extend the table and grow the indexes' roots.
 psql_db -c "CALL $procedure($((batch * 100)), $batch, 'warm')"
