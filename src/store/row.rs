@@ -11,9 +11,10 @@
 //!   them, ExtendLease, an administrator's action): [`record_in_rec`]. The
 //!   statement selects `rec` whole rather than `(rec).*`: PostgreSQL
 //!   expands `(rec).*` by one field selection per column, each walking the
-//!   row from its start, which cost a replayed Acquire's backend a sixth of
-//!   its CPU; `rec` whole is sent in one pass (`record_send`) and taken
-//!   apart here.
+//!   row from its start, which cost a replayed Acquire run alone a tenth to
+//!   a sixth of its backend's CPU; `rec` whole is sent in one pass
+//!   (`record_send`) and taken apart here (docs/performance.md, "The record
+//!   as one column").
 
 use tokio_postgres::Row;
 use tokio_postgres::types::{Field, FromSql, Kind, Type};
