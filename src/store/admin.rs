@@ -7,7 +7,7 @@
 
 use tokio_postgres::Row;
 
-use super::{CallTime, Store, StoreError, names, record_unless_refused, row};
+use super::{CallTime, Store, StoreError, names, row};
 use crate::domain::{
     AdminAction, AdminCommand, ListQuery, Record, RecordId, RecordLine, ScopeCounts, Status,
     Summary, Tenant,
@@ -50,7 +50,7 @@ impl Store {
                 time,
             )
             .await?;
-        record_unless_refused(row)
+        self.record_unless_refused(row, time).await
     }
 
     /// Runs `idempotency_admin_delete`: the record as it was, or

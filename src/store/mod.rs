@@ -49,6 +49,7 @@ pub mod names;
 pub mod probe;
 mod replays;
 mod row;
+mod row_type;
 mod run;
 mod setup;
 mod shards;
@@ -156,6 +157,9 @@ pub struct Store {
     /// Where each key's row lives on Citus (`shards`); empty on plain
     /// PostgreSQL.
     routes: Arc<shards::Routes>,
+    /// The records table's row type as the catalog lists it, once it
+    /// changed while connections were open (`row_type`).
+    row_types: Arc<row_type::RowTypes>,
 }
 
 // Each ends with the deadline check that `calls` explains.
@@ -269,7 +273,7 @@ impl Store {
             .map(|ms| Duration::from_millis(ms.max(0).unsigned_abs()));
         let acquired = Acquired {
             decision,
-            record: row::record_in_rec(&row)?,
+            record: self.record_in_rec(&row, time).await?,
             retry_after,
         };
         if let Some(replays) = &self.replays
@@ -290,7 +294,7 @@ impl Store {
         let call = HotCall::Complete(CompleteCall::new(cmd, backoff));
         let batch = self.batches();
         let row = self.run_call(call, batch, time).await?;
-        record_unless_refused(row)
+        self.record_unless_refused(row, time).await
     }
 
     /// Runs `idempotency_extend_lease` and returns the lease's new state.
@@ -319,7 +323,9 @@ impl Store {
                 time,
             )
             .await?;
-        record_unless_refused(row).map(|record| record.lease)
+        self.record_unless_refused(row, time)
+            .await
+            .map(|record| record.lease)
     }
 
     /// The live record, or `Refused(NotFound)`.
@@ -376,14 +382,20 @@ impl Store {
     }
 }
 
-/// Reads an `(outcome, rec)` row: the record when the outcome is OK, else the
-/// refusal it names.
-fn record_unless_refused(row: Option<Row>) -> Result<Record, StoreError> {
-    let row = row.ok_or_else(|| StoreError::Corrupt("the function returned no row".into()))?;
-    let outcome: &str = row.try_get("outcome")?;
-    match names::refusal(outcome) {
-        Some(None) => row::record_in_rec(&row),
-        Some(Some(refusal)) => Err(refusal.into()),
-        None => Err(StoreError::Corrupt(format!("unknown outcome {outcome:?}"))),
+impl Store {
+    /// Reads an `(outcome, rec)` row: the record when the outcome is OK,
+    /// else the refusal it names.
+    async fn record_unless_refused(
+        &self,
+        row: Option<Row>,
+        time: CallTime,
+    ) -> Result<Record, StoreError> {
+        let row = row.ok_or_else(|| StoreError::Corrupt("the function returned no row".into()))?;
+        let outcome: &str = row.try_get("outcome")?;
+        match names::refusal(outcome) {
+            Some(None) => self.record_in_rec(&row, time).await,
+            Some(Some(refusal)) => Err(refusal.into()),
+            None => Err(StoreError::Corrupt(format!("unknown outcome {outcome:?}"))),
+        }
     }
 }

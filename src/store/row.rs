@@ -101,25 +101,51 @@ pub(super) fn record(row: &Row) -> Result<Record, StoreError> {
 }
 
 /// A record from a row's composite column `rec`, a whole `idempotency_keys`
-/// row.
+/// row, read by the fields its connection knows `rec`'s type to have. A
+/// `Corrupt` error if the value does not have them: the table changed since
+/// the connection learnt its type (`Store::record_in_rec` reads it then).
 pub fn record_in_rec(row: &Row) -> Result<Record, StoreError> {
-    let (at, column) = row
-        .columns()
+    let (at, ty) = rec_column(row)?;
+    record_in_rec_as(row, at, fields_of(ty)?)?.ok_or_else(|| {
+        StoreError::Corrupt(format!(
+            "rec's fields are not those its connection knows {ty} to have"
+        ))
+    })
+}
+
+/// Where a row's column `rec` is, and its type.
+pub(super) fn rec_column(row: &Row) -> Result<(usize, &Type), StoreError> {
+    row.columns()
         .iter()
         .enumerate()
         .find(|(_, column)| column.name() == "rec")
-        .ok_or_else(|| StoreError::Corrupt("the row has no column rec".into()))?;
-    let Kind::Composite(fields) = column.type_().kind() else {
-        return Err(StoreError::Corrupt(format!(
-            "rec is of type {}, not a row type",
-            column.type_()
-        )));
-    };
+        .map(|(at, column)| (at, column.type_()))
+        .ok_or_else(|| StoreError::Corrupt("the row has no column rec".into()))
+}
+
+/// A row type's fields as its connection learnt them.
+pub(super) fn fields_of(ty: &Type) -> Result<&[Field], StoreError> {
+    match ty.kind() {
+        Kind::Composite(fields) => Ok(fields),
+        _ => Err(StoreError::Corrupt(format!(
+            "rec is of type {ty}, not a row type"
+        ))),
+    }
+}
+
+/// The record in the row's column `at`, read as a value with `fields`;
+/// `None` when the value has other fields (another count, or another type
+/// somewhere).
+pub(super) fn record_in_rec_as(
+    row: &Row,
+    at: usize,
+    fields: &[Field],
+) -> Result<Option<Record>, StoreError> {
     let Composite(raw) = row.try_get(at)?;
-    read(&Fields {
-        fields,
-        values: field_values(raw, fields)?,
-    })
+    let Some(values) = field_values(raw, fields)? else {
+        return Ok(None);
+    };
+    read(&Fields { fields, values }).map(Some)
 }
 
 fn read<'r>(values: &impl Values<'r>) -> Result<Record, StoreError> {
@@ -269,31 +295,30 @@ impl<'r> FromSql<'r> for Composite<'r> {
 
 /// Takes apart a composite value in PostgreSQL's binary form (`record_send`):
 /// the number of fields, then for each its type's OID, its length (-1 for
-/// NULL) and that many bytes. The fields must be `fields`, in their order.
-fn field_values<'r>(raw: &'r [u8], fields: &[Field]) -> Result<Vec<Option<&'r [u8]>>, StoreError> {
+/// NULL) and that many bytes. `None` when its fields are not `fields` (their
+/// number, or a field's type, differs); an error when the bytes do not hold
+/// what they say.
+fn field_values<'r>(
+    raw: &'r [u8],
+    fields: &[Field],
+) -> Result<Option<Vec<Option<&'r [u8]>>>, StoreError> {
     let corrupt = |what: String| StoreError::Corrupt(format!("rec: {what}"));
     let mut rest = raw;
     let count = take_int(&mut rest).ok_or_else(|| corrupt("ends early".into()))?;
     if usize::try_from(count).ok() != Some(fields.len()) {
-        return Err(corrupt(format!(
-            "{count} fields where its type has {}",
-            fields.len()
-        )));
+        return Ok(None);
     }
     let mut values = Vec::with_capacity(fields.len());
     for field in fields {
         let ends_early = || corrupt(format!("{} ends early", field.name()));
         let oid = take_int(&mut rest).ok_or_else(ends_early)?;
         if oid.cast_unsigned() != field.type_().oid() {
-            return Err(corrupt(format!(
-                "{} is of type {oid}, not {}",
-                field.name(),
-                field.type_().oid()
-            )));
+            return Ok(None);
         }
         let len = take_int(&mut rest).ok_or_else(ends_early)?;
         values.push(match usize::try_from(len) {
-            Err(_) => None,
+            Err(_) if len == -1 => None,
+            Err(_) => return Err(corrupt(format!("{} has length {len}", field.name()))),
             Ok(len) => {
                 let (value, after) = rest.split_at_checked(len).ok_or_else(ends_early)?;
                 rest = after;
@@ -304,7 +329,7 @@ fn field_values<'r>(raw: &'r [u8], fields: &[Field]) -> Result<Vec<Option<&'r [u
     if !rest.is_empty() {
         return Err(corrupt(format!("{} bytes after its fields", rest.len())));
     }
-    Ok(values)
+    Ok(Some(values))
 }
 
 /// The big-endian `int4` at the start of `rest`, which then starts after it.
@@ -352,7 +377,7 @@ mod tests {
         let raw = encoded();
         let values = Fields {
             fields: &fields,
-            values: field_values(&raw, &fields).unwrap(),
+            values: field_values(&raw, &fields).unwrap().unwrap(),
         };
         assert_eq!(
             values.names().collect::<Vec<_>>(),
@@ -376,7 +401,7 @@ mod tests {
     }
 
     #[test]
-    fn a_composite_value_that_does_not_match_its_type_is_corrupt() {
+    fn a_composite_value_whose_bytes_do_not_hold_what_they_say_is_corrupt() {
         let fields = fields();
         let raw = encoded();
         let corrupt = |raw: &[u8]| {
@@ -385,19 +410,39 @@ mod tests {
                 Err(StoreError::Corrupt(why)) if why.starts_with("rec: ")
             )
         };
-        // Cut anywhere, it ends early.
-        for len in 0..raw.len() {
+        // Cut anywhere after its count, it ends early.
+        for len in 4..raw.len() {
             assert!(corrupt(&raw[..len]), "cut at {len}");
         }
+        assert!(corrupt(&raw[..3]));
         let mut longer = raw.clone();
         longer.push(0);
         assert!(corrupt(&longer));
+        // The last field's length: -1 is NULL, below it nothing.
+        let mut below_null = raw.clone();
+        let at = below_null.len() - 4;
+        below_null[at..].copy_from_slice(&(-2i32).to_be_bytes());
+        assert!(corrupt(&below_null));
+        assert!(matches!(field_values(&raw, &fields), Ok(Some(_))));
+    }
+
+    /// A value of a row type that changed since its connection learnt it:
+    /// not corrupt, but not readable by the fields known.
+    #[test]
+    fn a_composite_value_with_other_fields_is_told_apart() {
+        let fields = fields();
+        let raw = encoded();
         let mut other_count = raw.clone();
         other_count[..4].copy_from_slice(&2i32.to_be_bytes());
-        assert!(corrupt(&other_count));
+        assert!(matches!(field_values(&other_count, &fields), Ok(None)));
         let mut other_type = raw.clone();
         other_type[4..8].copy_from_slice(&Type::BYTEA.oid().to_be_bytes());
-        assert!(corrupt(&other_type));
-        assert!(field_values(&raw, &fields).is_ok());
+        assert!(matches!(field_values(&other_type, &fields), Ok(None)));
+        let one_more: Vec<Field> = fields
+            .iter()
+            .cloned()
+            .chain([Field::new("operator_note".into(), Type::TEXT)])
+            .collect();
+        assert!(matches!(field_values(&raw, &one_more), Ok(None)));
     }
 }

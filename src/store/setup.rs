@@ -142,6 +142,7 @@ impl Store {
             target,
             distributed: Arc::default(),
             routes,
+            row_types: Arc::default(),
         })
     }
 }

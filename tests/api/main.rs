@@ -30,6 +30,7 @@ mod replays;
 mod replicas;
 mod startup;
 mod sweep;
+mod table_changes;
 mod tls;
 mod traces;
 mod validation;
