@@ -296,8 +296,8 @@ impl<'r> FromSql<'r> for Composite<'r> {
 /// Takes apart a composite value in PostgreSQL's binary form (`record_send`):
 /// the number of fields, then for each its type's OID, its length (-1 for
 /// NULL) and that many bytes. `None` when its fields are not `fields` (their
-/// number, or a field's type, differs); an error when the bytes do not hold
-/// what they say.
+/// number, or a field's type, differs; a field of type OID 0 takes any
+/// type); an error when the bytes do not hold what they say.
 fn field_values<'r>(
     raw: &'r [u8],
     fields: &[Field],
@@ -312,7 +312,9 @@ fn field_values<'r>(
     for field in fields {
         let ends_early = || corrupt(format!("{} ends early", field.name()));
         let oid = take_int(&mut rest).ok_or_else(ends_early)?;
-        if oid.cast_unsigned() != field.type_().oid() {
+        // OID 0: a field of any type (`row_type`: one no reader reads).
+        let known = field.type_().oid();
+        if known != 0 && oid.cast_unsigned() != known {
             return Ok(None);
         }
         let len = take_int(&mut rest).ok_or_else(ends_early)?;
@@ -444,5 +446,16 @@ mod tests {
             .chain([Field::new("operator_note".into(), Type::TEXT)])
             .collect();
         assert!(matches!(field_values(&raw, &one_more), Ok(None)));
+        // A field known by OID 0 (a column of a type that has another OID
+        // on each Citus node) takes a value of any type.
+        let any_last: Vec<Field> = fields[..2]
+            .iter()
+            .cloned()
+            .chain([Field::new(
+                "operator_note".into(),
+                Type::new("custom".into(), 0, Kind::Simple, String::new()),
+            )])
+            .collect();
+        assert!(matches!(field_values(&raw, &any_last), Ok(Some(_))));
     }
 }

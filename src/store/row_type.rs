@@ -9,7 +9,15 @@
 //! upgrade, or by an operator), the connections opened before keep reading
 //! the old fields. Their statements still ran and committed, so their
 //! records must still be read: by the fields the catalog lists now, looked
-//! up once per change and kept here for every connection.
+//! up once per change (one lookup at a time) and kept here for every
+//! connection.
+//!
+//! A value says how many fields it has and each one's type, not their
+//! names, so a list is taken for a value's when both match. Columns are
+//! added at the end and dropped in place: a column the records read could
+//! only be mistaken for another if columns before it were dropped and as
+//! many of its type added after, and the records read every column up to
+//! the last one of the table's own (the administrators', added last).
 
 use std::sync::{Arc, Mutex};
 
@@ -24,6 +32,9 @@ use crate::domain::Record;
 #[derive(Default)]
 pub(super) struct RowTypes {
     current: Mutex<Option<Arc<Vec<Field>>>>,
+    /// Held while the catalog is read, so that the calls answered after a
+    /// change look it up once rather than each on a pooled connection.
+    lookup: tokio::sync::Mutex<()>,
 }
 
 impl RowTypes {
@@ -63,9 +74,16 @@ impl Store {
         if let Some(record) = row::record_in_rec_as(row, at, row::fields_of(ty)?)? {
             return Ok(record);
         }
-        if let Some(fields) = self.row_types.known()
-            && let Some(record) = row::record_in_rec_as(row, at, &fields)?
-        {
+        let by_known = || match self.row_types.known() {
+            Some(fields) => row::record_in_rec_as(row, at, &fields),
+            None => Ok(None),
+        };
+        if let Some(record) = by_known()? {
+            return Ok(record);
+        }
+        let _lookup = self.row_types.lookup.lock().await;
+        // Another call may have looked it up meanwhile.
+        if let Some(record) = by_known()? {
             return Ok(record);
         }
         let fields = Arc::new(self.catalog_fields(ty, time).await?);
@@ -90,11 +108,12 @@ impl Store {
             .map(|row| {
                 let name: String = row.try_get(0)?;
                 let oid: u32 = row.try_get(1)?;
-                // A column of a type without a built-in OID (one an operator
-                // added) is never read; it only needs its OID for the check.
-                let ty = Type::from_oid(oid).unwrap_or_else(|| {
-                    Type::new(format!("{oid}"), oid, Kind::Simple, String::new())
-                });
+                // A type without a built-in OID (an enum, a domain, an
+                // extension's type: only an operator's column) has another
+                // OID on each Citus node, and no record reads its column:
+                // OID 0 lets a value's field there be of any type.
+                let ty = Type::from_oid(oid)
+                    .unwrap_or_else(|| Type::new(format!("{oid}"), 0, Kind::Simple, String::new()));
                 Ok(Field::new(name, ty))
             })
             .collect()
