@@ -265,6 +265,7 @@ impl Store {
             .run_call(call, batch, time)
             .await?
             .ok_or_else(|| StoreError::Corrupt("idempotency_acquire returned no row".into()))?;
+        let record = self.record_in_rec(&row, time).await?;
         let decision: &str = row.try_get("decision")?;
         let decision = names::decision(decision)
             .ok_or_else(|| StoreError::Corrupt(format!("unknown decision {decision:?}")))?;
@@ -273,7 +274,7 @@ impl Store {
             .map(|ms| Duration::from_millis(ms.max(0).unsigned_abs()));
         let acquired = Acquired {
             decision,
-            record: self.record_in_rec(&row, time).await?,
+            record,
             retry_after,
         };
         if let Some(replays) = &self.replays

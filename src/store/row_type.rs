@@ -74,6 +74,19 @@ impl Store {
         if let Some(record) = row::record_in_rec_as(row, at, row::fields_of(ty)?)? {
             return Ok(record);
         }
+        // Boxed: every call's future (a waiting Acquire's among them, ten
+        // thousand of which are the server's memory) would otherwise carry
+        // room for a catalog lookup that runs once per change.
+        Box::pin(self.record_in_changed_rec(row, at, ty, time)).await
+    }
+
+    async fn record_in_changed_rec(
+        &self,
+        row: &Row,
+        at: usize,
+        ty: &Type,
+        time: CallTime,
+    ) -> Result<Record, StoreError> {
         let by_known = || match self.row_types.known() {
             Some(fields) => row::record_in_rec_as(row, at, &fields),
             None => Ok(None),
