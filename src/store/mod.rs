@@ -329,6 +329,22 @@ impl Store {
             .map(|record| record.lease)
     }
 
+    /// Reads an `(outcome, rec)` row: the record when the outcome is OK,
+    /// else the refusal it names.
+    async fn record_unless_refused(
+        &self,
+        row: Option<Row>,
+        time: CallTime,
+    ) -> Result<Record, StoreError> {
+        let row = row.ok_or_else(|| StoreError::Corrupt("the function returned no row".into()))?;
+        let outcome: &str = row.try_get("outcome")?;
+        match names::refusal(outcome) {
+            Some(None) => self.record_in_rec(&row, time).await,
+            Some(Some(refusal)) => Err(refusal.into()),
+            None => Err(StoreError::Corrupt(format!("unknown outcome {outcome:?}"))),
+        }
+    }
+
     /// The live record, or `Refused(NotFound)`.
     pub async fn get(&self, id: &RecordId, time: CallTime) -> Result<Record, StoreError> {
         row::record(&self.query_by_id(GET, id, time).await?)
@@ -380,23 +396,5 @@ impl Store {
             .await?
             .ok_or(Refusal::NotFound)?;
         row::record(&row)
-    }
-}
-
-impl Store {
-    /// Reads an `(outcome, rec)` row: the record when the outcome is OK,
-    /// else the refusal it names.
-    async fn record_unless_refused(
-        &self,
-        row: Option<Row>,
-        time: CallTime,
-    ) -> Result<Record, StoreError> {
-        let row = row.ok_or_else(|| StoreError::Corrupt("the function returned no row".into()))?;
-        let outcome: &str = row.try_get("outcome")?;
-        match names::refusal(outcome) {
-            Some(None) => self.record_in_rec(&row, time).await,
-            Some(Some(refusal)) => Err(refusal.into()),
-            None => Err(StoreError::Corrupt(format!("unknown outcome {outcome:?}"))),
-        }
     }
 }
