@@ -25,7 +25,8 @@
 //!   `sql/functions/admin.sql`), `store::row` and
 //!   [`store::names`] (rows and the SQL functions' names into domain values;
 //!   `store::row_type` reads records by the table's current columns when it
-//!   changed while connections were open),
+//!   changed while connections were open, and prepares anew a statement
+//!   the change made stale),
 //!   `store::replays` (SUCCEEDED records answered from memory until shortly
 //!   before they expire), [`store::listener`] (the LISTEN connection and the
 //!   database's clock; on Citus one session per node, each followed on its

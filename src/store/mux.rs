@@ -19,9 +19,9 @@ use tokio::sync::RwLock;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Row, Statement};
 
-use super::StoreError;
 use super::connect_error::ConnectError;
 use super::error::QueryTimeout;
+use super::{StoreError, row_type};
 
 /// One shared connection and the statements prepared on it.
 pub(super) struct Shared {
@@ -36,7 +36,7 @@ pub(super) struct Shared {
 
 impl Shared {
     /// `sql` prepared on this connection (once).
-    async fn prepare(&self, sql: &'static str) -> Result<Statement, StoreError> {
+    async fn prepare(&self, sql: &'static str) -> Result<Statement, tokio_postgres::Error> {
         if let Some(statement) = self.lock().get(sql) {
             return Ok(statement.clone());
         }
@@ -45,24 +45,34 @@ impl Shared {
         Ok(statement)
     }
 
-    /// At most one row of `sql` (prepared here once).
+    /// At most one row of `sql` (prepared here once, and again after the
+    /// table it returns changed: `row_type::prepared_anew_if_stale`).
     pub async fn query_opt(
         &self,
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, StoreError> {
-        let statement = self.prepare(sql).await?;
-        Ok(self.client.query_opt(&statement, params).await?)
+        let run = || async {
+            self.client
+                .query_opt(&self.prepare(sql).await?, params)
+                .await
+        };
+        row_type::prepared_anew_if_stale(run, || self.forget(sql)).await
     }
 
-    /// Every row of `sql` (prepared here once).
+    /// Every row of `sql` (prepared here once, and again after the table it
+    /// returns changed).
     pub async fn query(
         &self,
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, StoreError> {
-        let statement = self.prepare(sql).await?;
-        Ok(self.client.query(&statement, params).await?)
+        let run = || async { self.client.query(&self.prepare(sql).await?, params).await };
+        row_type::prepared_anew_if_stale(run, || self.forget(sql)).await
+    }
+
+    fn forget(&self, sql: &'static str) {
+        self.lock().remove(sql);
     }
 
     /// Resolves once this connection is retired.

@@ -18,10 +18,16 @@
 //! only be mistaken for another if columns before it were dropped and as
 //! many of its type added after, and the records read every column up to
 //! the last one of the table's own (the administrators', added last).
+//!
+//! The statements that return plain columns instead are prepared anew
+//! when PostgreSQL refuses them after such a change
+//! (`prepared_anew_if_stale`).
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use tokio_postgres::Row;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{Field, Kind, Type};
 
 use super::{CallTime, Store, StoreError, row};
@@ -131,4 +137,45 @@ impl Store {
             })
             .collect()
     }
+}
+
+/// Runs a prepared statement: `run` prepares it (or takes it from its
+/// connection's cache) and runs it.
+///
+/// PostgreSQL does not re-describe a prepared statement either. One whose
+/// rows are the table's plain columns (Get, Watch, an administrator's
+/// delete, the recovery feed) fails once a column it returns is dropped
+/// ("attribute N of type record has been dropped") or its result's shape
+/// changes ("cached plan must not change result type"). Such a statement
+/// failed whole before it changed anything, so it is `forget`-ten from
+/// its connection's cache, prepared anew and run once more.
+pub(super) async fn prepared_anew_if_stale<T, F, Fut>(
+    mut run: F,
+    forget: impl FnOnce(),
+) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, tokio_postgres::Error>>,
+{
+    match run().await {
+        Err(e) if prepared_before_a_table_change(&e) => {
+            tracing::warn!(
+                error = %e,
+                "a statement prepared before the records table changed is prepared anew"
+            );
+            forget();
+            Ok(run().await?)
+        }
+        answer => Ok(answer?),
+    }
+}
+
+/// Whether PostgreSQL refused a prepared statement because the table its
+/// result describes changed since it was prepared.
+fn prepared_before_a_table_change(error: &tokio_postgres::Error) -> bool {
+    error.as_db_error().is_some_and(|db| {
+        (*db.code() == SqlState::UNDEFINED_COLUMN && db.message().ends_with("has been dropped"))
+            || (*db.code() == SqlState::FEATURE_NOT_SUPPORTED
+                && db.message() == "cached plan must not change result type")
+    })
 }

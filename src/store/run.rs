@@ -17,8 +17,8 @@ use super::clock::Stamp;
 use super::connect_error::ConnectError;
 use super::error::{PastDeadline, QueryTimeout};
 use super::mux::{Mux, statement_limit_until};
-use super::shards;
 use super::{CallTime, Store, StoreError};
+use super::{row_type, shards};
 
 pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -52,10 +52,18 @@ impl Store {
         time: CallTime,
     ) -> Result<Vec<Row>, StoreError> {
         let client = self.connection(time).await?;
-        let answer = tokio::time::timeout(self.query_timeout, async {
-            let statement = client.prepare_cached(sql).await?;
-            Ok(client.query(&statement, params).await?)
-        })
+        let run = || async {
+            client
+                .query(&client.prepare_cached(sql).await?, params)
+                .await
+        };
+        let forget = || {
+            client.statement_cache.remove(sql, &[]);
+        };
+        let answer = tokio::time::timeout(
+            self.query_timeout,
+            row_type::prepared_anew_if_stale(run, forget),
+        )
         .await;
         self.answered_in_time(client, answer)
     }
@@ -177,10 +185,18 @@ impl Store {
         time: CallTime,
     ) -> Result<Option<Row>, StoreError> {
         let client = self.connection(time).await?;
-        let answer = tokio::time::timeout(self.query_timeout, async {
-            let statement = client.prepare_cached(sql).await?;
-            Ok(client.query_opt(&statement, params).await?)
-        })
+        let run = || async {
+            client
+                .query_opt(&client.prepare_cached(sql).await?, params)
+                .await
+        };
+        let forget = || {
+            client.statement_cache.remove(sql, &[]);
+        };
+        let answer = tokio::time::timeout(
+            self.query_timeout,
+            row_type::prepared_anew_if_stale(run, forget),
+        )
         .await;
         self.answered_in_time(client, answer)
     }

@@ -3,10 +3,13 @@
 //! The server's connections learnt the table's row type before; the hot
 //! calls (Acquire, Complete, ExtendLease) read their records as one value
 //! of that type (`store::row_type`), so they must read them by the columns
-//! the table has now, answering every call that committed. (Get, Watch and
-//! the other reads of plain columns are prepared with the columns of their
-//! day: a column dropped under them fails them until their connections are
-//! replaced, as it always has.)
+//! the table has now, answering every call that committed. Get and Watch,
+//! like the other reads of plain columns, are prepared with the columns of
+//! their day: after a column they return is dropped, they are prepared anew
+//! (`store::row_type::prepared_anew_if_stale`) instead of failing until
+//! their connections are replaced.
+
+use std::time::Duration;
 
 use futures::future::join_all;
 use idempotency_coordinator::config::ServeConfig;
@@ -16,8 +19,8 @@ use tonic::transport::Channel;
 
 use crate::helpers::*;
 
-/// A cycle on `key` with an ExtendLease of the live lease on the way, and
-/// its replay.
+/// A cycle on `key` with an ExtendLease of the live lease on the way, its
+/// replay, and its record read by Get and by Watch.
 async fn cycle(c: &mut CoordinatorClient<Channel>, key: &str) {
     let lease = proceed(c, acquire("s", key)).await;
     let extended = c
@@ -40,6 +43,24 @@ async fn cycle(c: &mut CoordinatorClient<Channel>, key: &str) {
     );
     let replay = c.acquire(acquire("s", key)).await.unwrap().into_inner();
     assert_eq!(decision(&replay), Decision::AlreadyDone, "{key}");
+    let got = get_record(c, get_req("s", key)).await;
+    assert_eq!(status_of(&got), Status::Succeeded, "{key}");
+    assert_eq!(got.result.map(|r| r.result), Some(b"ok".to_vec()), "{key}");
+    let watched = c
+        .watch(proto::WatchRequest {
+            scope: "s".into(),
+            key: key.into(),
+            timeout: secs(5),
+        })
+        .await
+        .expect("watch")
+        .into_inner()
+        .message()
+        .await
+        .expect("watch event")
+        .and_then(|event| event.record)
+        .expect("the record as it is");
+    assert_eq!(status_of(&watched), Status::Succeeded, "{key}");
 }
 
 /// Cycles on many keys at once, so that they also run in batches.
@@ -86,4 +107,63 @@ async fn columns_dropped_and_added_while_the_server_runs_change_no_answer() {
         .unwrap();
     cycles(&c, "added").await;
     server.stop().await;
+}
+
+/// The recovery feed runs on the pool, not on the shared connections: with
+/// one pooled connection, the feed's statement prepared before a column is
+/// dropped is the one it must run after.
+#[tokio::test]
+async fn the_recovery_feed_goes_on_after_a_column_is_dropped() {
+    let db = TestDatabase::create().await;
+    let admin = db.connect().await;
+    let mut migrating = db.connect().await;
+    idempotency_coordinator::store::migrate::migrate(&mut migrating)
+        .await
+        .unwrap();
+    admin
+        .batch_execute("ALTER TABLE idempotency_keys ADD COLUMN gone integer")
+        .await
+        .unwrap();
+    let mut config = ServeConfig::new("127.0.0.1:0".parse().unwrap(), db.url.clone());
+    config.store.pool_size = 1;
+    config.sweep_interval = Duration::ZERO;
+    config.feed.poll = Duration::from_millis(50);
+    let server = start_server(config).await;
+    let mut c = server.client.clone();
+    let mut feed = c
+        .watch_due(proto::WatchDueRequest { scope: "s".into() })
+        .await
+        .expect("watch_due")
+        .into_inner();
+
+    fail_due(&mut c, "before").await;
+    assert_eq!(next_due(&mut feed).await.as_deref(), Some("before"));
+    admin
+        .batch_execute("ALTER TABLE idempotency_keys DROP COLUMN gone")
+        .await
+        .unwrap();
+    fail_due(&mut c, "dropped").await;
+    assert_eq!(next_due(&mut feed).await.as_deref(), Some("dropped"));
+    drop(feed);
+    server.stop().await;
+}
+
+/// `key` of scope `s` failed, and due for its retry now.
+async fn fail_due(c: &mut CoordinatorClient<Channel>, key: &str) {
+    let granted = proceed(c, acquire("s", key)).await;
+    let fail = proto::complete_request::Outcome::Failure(proto::Failure {
+        error: "boom".into(),
+        permanent: false,
+        retry_after: secs(0),
+    });
+    complete_ok(c, complete("s", key, &token(&granted), fail)).await;
+}
+
+/// The key of the feed's next offer, or `None` if none comes within 10 s.
+async fn next_due(feed: &mut tonic::Streaming<proto::DueRecord>) -> Option<String> {
+    let due = tokio::time::timeout(Duration::from_secs(10), feed.message())
+        .await
+        .ok()?
+        .expect("the feed goes on")?;
+    Some(due.record?.key)
 }
