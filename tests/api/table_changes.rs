@@ -72,11 +72,9 @@ async fn cycles(c: &CoordinatorClient<Channel>, prefix: &str) {
     .await;
 }
 
-/// A column the connections knew is dropped (a value then has a field
-/// fewer than they know), then one is added (as many fields as they know,
-/// the last of another type, and one more than the store last looked up).
-#[tokio::test]
-async fn columns_dropped_and_added_while_the_server_runs_change_no_answer() {
+/// A migrated database whose records table has a column `gone` that no
+/// record reads, and a connection to change the table with.
+async fn migrated_with_a_column_to_drop() -> (TestDatabase, tokio_postgres::Client) {
     let db = TestDatabase::create().await;
     let admin = db.connect().await;
     let mut migrating = db.connect().await;
@@ -87,6 +85,15 @@ async fn columns_dropped_and_added_while_the_server_runs_change_no_answer() {
         .batch_execute("ALTER TABLE idempotency_keys ADD COLUMN gone integer")
         .await
         .unwrap();
+    (db, admin)
+}
+
+/// A column the connections knew is dropped (a value then has a field
+/// fewer than they know), then one is added (as many fields as they know,
+/// the last of another type, and one more than the store last looked up).
+#[tokio::test]
+async fn columns_dropped_and_added_while_the_server_runs_change_no_answer() {
+    let (db, admin) = migrated_with_a_column_to_drop().await;
     let server = start_server(ServeConfig::new(
         "127.0.0.1:0".parse().unwrap(),
         db.url.clone(),
@@ -114,16 +121,7 @@ async fn columns_dropped_and_added_while_the_server_runs_change_no_answer() {
 /// dropped is the one it must run after.
 #[tokio::test]
 async fn the_recovery_feed_goes_on_after_a_column_is_dropped() {
-    let db = TestDatabase::create().await;
-    let admin = db.connect().await;
-    let mut migrating = db.connect().await;
-    idempotency_coordinator::store::migrate::migrate(&mut migrating)
-        .await
-        .unwrap();
-    admin
-        .batch_execute("ALTER TABLE idempotency_keys ADD COLUMN gone integer")
-        .await
-        .unwrap();
+    let (db, admin) = migrated_with_a_column_to_drop().await;
     let mut config = ServeConfig::new("127.0.0.1:0".parse().unwrap(), db.url.clone());
     config.store.pool_size = 1;
     config.sweep_interval = Duration::ZERO;
