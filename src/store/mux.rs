@@ -35,9 +35,14 @@ pub(super) struct Shared {
 }
 
 impl Shared {
-    /// `sql` prepared on this connection (once).
-    async fn prepare(&self, sql: &'static str) -> Result<Statement, tokio_postgres::Error> {
-        if let Some(statement) = self.lock().get(sql) {
+    /// `sql` prepared on this connection: once, or with `anew` now (after
+    /// the table it returns changed), whatever the cache holds.
+    async fn prepare(
+        &self,
+        sql: &'static str,
+        anew: bool,
+    ) -> Result<Statement, tokio_postgres::Error> {
+        if let Some(statement) = self.lock().get(sql).filter(|_| !anew) {
             return Ok(statement.clone());
         }
         let statement = self.client.prepare(sql).await?;
@@ -52,12 +57,11 @@ impl Shared {
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, StoreError> {
-        let run = || async {
-            self.client
-                .query_opt(&self.prepare(sql).await?, params)
-                .await
-        };
-        row_type::prepared_anew_if_stale(run, || self.forget(sql)).await
+        row_type::prepared_anew_if_stale(async |anew| {
+            let statement = self.prepare(sql, anew).await?;
+            self.client.query_opt(&statement, params).await
+        })
+        .await
     }
 
     /// Every row of `sql` (prepared here once, and again after the table it
@@ -67,12 +71,11 @@ impl Shared {
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, StoreError> {
-        let run = || async { self.client.query(&self.prepare(sql).await?, params).await };
-        row_type::prepared_anew_if_stale(run, || self.forget(sql)).await
-    }
-
-    fn forget(&self, sql: &'static str) {
-        self.lock().remove(sql);
+        row_type::prepared_anew_if_stale(async |anew| {
+            let statement = self.prepare(sql, anew).await?;
+            self.client.query(&statement, params).await
+        })
+        .await
     }
 
     /// Resolves once this connection is retired.

@@ -139,43 +139,51 @@ impl Store {
     }
 }
 
-/// Runs a prepared statement: `run` prepares it (or takes it from its
-/// connection's cache) and runs it.
+/// Runs a prepared statement: `run(anew)` prepares it (taken from its
+/// connection's cache, or with `anew` prepared now whatever the cache
+/// holds) and runs it.
 ///
 /// PostgreSQL does not re-describe a prepared statement either. One whose
 /// rows are the table's plain columns (Get, Watch, an administrator's
 /// delete, the recovery feed) fails once a column it returns is dropped
-/// ("attribute N of type record has been dropped") or its result's shape
-/// changes ("cached plan must not change result type"). Such a statement
-/// failed whole before it changed anything, so it is `forget`-ten from
-/// its connection's cache, prepared anew and run once more.
-pub(super) async fn prepared_anew_if_stale<T, F, Fut>(
-    mut run: F,
-    forget: impl FnOnce(),
-) -> Result<T, StoreError>
+/// ("attribute N of type record has been dropped") or, re-planned after a
+/// function it calls was replaced, its result's shape changed ("cached
+/// plan must not change result type"). Such a statement is run once more,
+/// prepared anew. Running it again is safe: each statement is its own
+/// (autocommit) transaction, which the error rolled back before any row
+/// reached us; only a sequence it advanced stays advanced, which leaves a
+/// gap in fencing tokens at most.
+pub(super) async fn prepared_anew_if_stale<T, F, Fut>(mut run: F) -> Result<T, StoreError>
 where
-    F: FnMut() -> Fut,
+    F: FnMut(bool) -> Fut,
     Fut: Future<Output = Result<T, tokio_postgres::Error>>,
 {
-    match run().await {
+    match run(false).await {
         Err(e) if prepared_before_a_table_change(&e) => {
             tracing::warn!(
                 error = %e,
                 "a statement prepared before the records table changed is prepared anew"
             );
-            forget();
-            Ok(run().await?)
+            Ok(run(true).await?)
         }
         answer => Ok(answer?),
     }
 }
 
 /// Whether PostgreSQL refused a prepared statement because the table its
-/// result describes changed since it was prepared.
+/// result describes changed since it was prepared. Known by the routine
+/// that raised it, as the message is in the server's language; by the
+/// message where the routine is another's (Citus passes a worker's error
+/// on as its own).
 fn prepared_before_a_table_change(error: &tokio_postgres::Error) -> bool {
     error.as_db_error().is_some_and(|db| {
-        (*db.code() == SqlState::UNDEFINED_COLUMN && db.message().ends_with("has been dropped"))
-            || (*db.code() == SqlState::FEATURE_NOT_SUPPORTED
-                && db.message() == "cached plan must not change result type")
+        let raised_by = |routine: &str| db.routine() == Some(routine);
+        let column_dropped = *db.code() == SqlState::UNDEFINED_COLUMN
+            && (raised_by("CheckVarSlotCompatibility")
+                || db.message().ends_with("has been dropped"));
+        let result_changed = *db.code() == SqlState::FEATURE_NOT_SUPPORTED
+            && (raised_by("RevalidateCachedQuery")
+                || db.message() == "cached plan must not change result type");
+        column_dropped || result_changed
     })
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use deadpool_postgres::{Object, Timeouts};
 use futures_util::future::Either;
-use tokio_postgres::{Row, types::ToSql};
+use tokio_postgres::{Row, Statement, types::ToSql};
 
 use super::batch::{self, Call};
 use super::clock::Stamp;
@@ -19,6 +19,19 @@ use super::error::{PastDeadline, QueryTimeout};
 use super::mux::{Mux, statement_limit_until};
 use super::{CallTime, Store, StoreError};
 use super::{row_type, shards};
+
+/// `sql` prepared on a pooled connection: taken from its cache, or with
+/// `anew` prepared again (after the table it returns changed).
+async fn prepared(
+    client: &Object,
+    sql: &str,
+    anew: bool,
+) -> Result<Statement, tokio_postgres::Error> {
+    if anew {
+        client.statement_cache.remove(sql, &[]);
+    }
+    client.prepare_cached(sql).await
+}
 
 pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -52,19 +65,13 @@ impl Store {
         time: CallTime,
     ) -> Result<Vec<Row>, StoreError> {
         let client = self.connection(time).await?;
-        let run = || async {
-            client
-                .query(&client.prepare_cached(sql).await?, params)
-                .await
+        let pooled = &client;
+        let run = move |anew| async move {
+            let statement = prepared(pooled, sql, anew).await?;
+            pooled.query(&statement, params).await
         };
-        let forget = || {
-            client.statement_cache.remove(sql, &[]);
-        };
-        let answer = tokio::time::timeout(
-            self.query_timeout,
-            row_type::prepared_anew_if_stale(run, forget),
-        )
-        .await;
+        let answer =
+            tokio::time::timeout(self.query_timeout, row_type::prepared_anew_if_stale(run)).await;
         self.answered_in_time(client, answer)
     }
 
@@ -185,19 +192,13 @@ impl Store {
         time: CallTime,
     ) -> Result<Option<Row>, StoreError> {
         let client = self.connection(time).await?;
-        let run = || async {
-            client
-                .query_opt(&client.prepare_cached(sql).await?, params)
-                .await
+        let pooled = &client;
+        let run = move |anew| async move {
+            let statement = prepared(pooled, sql, anew).await?;
+            pooled.query_opt(&statement, params).await
         };
-        let forget = || {
-            client.statement_cache.remove(sql, &[]);
-        };
-        let answer = tokio::time::timeout(
-            self.query_timeout,
-            row_type::prepared_anew_if_stale(run, forget),
-        )
-        .await;
+        let answer =
+            tokio::time::timeout(self.query_timeout, row_type::prepared_anew_if_stale(run)).await;
         self.answered_in_time(client, answer)
     }
 }

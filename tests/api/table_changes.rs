@@ -4,8 +4,9 @@
 //! calls (Acquire, Complete, ExtendLease) read their records as one value
 //! of that type (`store::row_type`), so they must read them by the columns
 //! the table has now, answering every call that committed. Get and Watch,
-//! like the other reads of plain columns, are prepared with the columns of
-//! their day: after a column they return is dropped, they are prepared anew
+//! like the other statements that return plain columns, are prepared with
+//! the columns of their day: after a column they return is dropped, or a
+//! function they call is replaced, they are prepared anew
 //! (`store::row_type::prepared_anew_if_stale`) instead of failing until
 //! their connections are replaced.
 
@@ -90,7 +91,8 @@ async fn migrated_with_a_column_to_drop() -> (TestDatabase, tokio_postgres::Clie
 
 /// A column the connections knew is dropped (a value then has a field
 /// fewer than they know), then one is added (as many fields as they know,
-/// the last of another type, and one more than the store last looked up).
+/// the last of another type, and one more than the store last looked up),
+/// then the functions that return records are replaced.
 #[tokio::test]
 async fn columns_dropped_and_added_while_the_server_runs_change_no_answer() {
     let (db, admin) = migrated_with_a_column_to_drop().await;
@@ -113,6 +115,22 @@ async fn columns_dropped_and_added_while_the_server_runs_change_no_answer() {
         .await
         .unwrap();
     cycles(&c, "added").await;
+
+    // A migration of the next release replaces the functions that return
+    // records: a statement prepared before is planned again, with the
+    // added column in its result.
+    admin
+        .batch_execute(
+            "DO $$ DECLARE f oid; BEGIN \
+               FOR f IN SELECT oid FROM pg_proc \
+                        WHERE prorettype = 'idempotency_keys'::regtype LOOP \
+                 EXECUTE pg_get_functiondef(f); \
+               END LOOP; \
+             END $$",
+        )
+        .await
+        .unwrap();
+    cycles(&c, "replaced").await;
     server.stop().await;
 }
 
