@@ -6,9 +6,9 @@
 //! the table has now, answering every call that committed. Get and Watch,
 //! like the other statements that return plain columns, are prepared with
 //! the columns of their day: after a column they return is dropped, or a
-//! function they call is replaced, they are prepared anew
-//! (`store::row_type::prepared_anew_if_stale`) instead of failing until
-//! their connections are replaced.
+//! function they call is replaced after a column was added, they are
+//! prepared anew (`store::row_type::prepared_anew_if_stale`) instead of
+//! failing until their connections are replaced.
 
 use std::time::Duration;
 
@@ -92,7 +92,7 @@ async fn migrated_with_a_column_to_drop() -> (TestDatabase, tokio_postgres::Clie
 /// A column the connections knew is dropped (a value then has a field
 /// fewer than they know), then one is added (as many fields as they know,
 /// the last of another type, and one more than the store last looked up),
-/// then the functions that return records are replaced.
+/// then the functions that return `SETOF idempotency_keys` are replaced.
 #[tokio::test]
 async fn columns_dropped_and_added_while_the_server_runs_change_no_answer() {
     let (db, admin) = migrated_with_a_column_to_drop().await;
@@ -117,8 +117,8 @@ async fn columns_dropped_and_added_while_the_server_runs_change_no_answer() {
     cycles(&c, "added").await;
 
     // A migration of the next release replaces the functions that return
-    // records: a statement prepared before is planned again, with the
-    // added column in its result.
+    // `SETOF idempotency_keys`: a statement prepared before is planned
+    // again, with the added column in its result.
     admin
         .batch_execute(
             "DO $$ DECLARE f oid; BEGIN \
