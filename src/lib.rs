@@ -14,7 +14,9 @@
 //!   (where the Acquire/Complete/ExtendLease decisions really live, under row
 //!   locks and the database clock), split by job: `store::setup` (pool and
 //!   configuration), `store::run` (how a statement reaches the database:
-//!   pipelined on a few shared connections, `store::mux`, or batched so that
+//!   pipelined on a few shared connections, `store::mux`, and prepared
+//!   anew when PostgreSQL refuses it as prepared before the table changed,
+//!   `mux::prepared_anew_if_stale`, or batched so that
 //!   Acquires and Completes that arrive together share one statement and one
 //!   commit, `store::batch` with arguments bound in `store::calls`; on
 //!   Citus one statement per node, by `store::shards`' map of the shards,
@@ -25,8 +27,7 @@
 //!   `sql/functions/admin.sql`), `store::row` and
 //!   [`store::names`] (rows and the SQL functions' names into domain values;
 //!   `store::row_type` reads records by the table's current columns when it
-//!   changed while connections were open, and prepares anew a statement
-//!   the change made stale),
+//!   changed while connections were open),
 //!   `store::replays` (SUCCEEDED records answered from memory until shortly
 //!   before they expire), [`store::listener`] (the LISTEN connection and the
 //!   database's clock; on Citus one session per node, each followed on its

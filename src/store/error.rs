@@ -1,5 +1,6 @@
 //! Why the store could not answer, and which database errors go away on
-//! their own (UNAVAILABLE, safe to retry) and which do not.
+//! their own (UNAVAILABLE, safe to retry) and which do not; and which say
+//! a prepared statement must be prepared anew.
 
 use std::time::Duration;
 
@@ -131,6 +132,28 @@ impl StoreError {
     }
 }
 
+/// Whether PostgreSQL refused a prepared statement because the table its
+/// result describes changed since it was prepared.
+pub(super) fn prepared_before_a_table_change(error: &tokio_postgres::Error) -> bool {
+    error
+        .as_db_error()
+        .is_some_and(|db| refused_as_stale(db.code(), db.routine(), db.message()))
+}
+
+/// The error's SQLSTATE, the routine that raised it and its message say a
+/// prepared statement is stale. Known by the routine, as the message is in
+/// the server's language; by the English message where the routine is
+/// another's (Citus passes a worker's error on as its own, so a worker
+/// speaking another language is not recognised).
+fn refused_as_stale(code: &SqlState, routine: Option<&str>, message: &str) -> bool {
+    let column_dropped = *code == SqlState::UNDEFINED_COLUMN
+        && (routine == Some("CheckVarSlotCompatibility") || message.ends_with("has been dropped"));
+    let result_changed = *code == SqlState::FEATURE_NOT_SUPPORTED
+        && (routine == Some("RevalidateCachedQuery")
+            || message == "cached plan must not change result type");
+    column_dropped || result_changed
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,5 +176,56 @@ mod tests {
             Some(Kind::Corrupt)
         );
         assert_eq!(StoreError::Refused(Refusal::LeaseLost).kind(), None);
+    }
+
+    #[test]
+    fn a_stale_statement_is_known_by_its_routine_in_any_language() {
+        let dropped = "l'attribut 2 du type record a été supprimé";
+        assert!(refused_as_stale(
+            &SqlState::UNDEFINED_COLUMN,
+            Some("CheckVarSlotCompatibility"),
+            dropped
+        ));
+        let changed = "le plan en cache ne doit pas modifier le type en résultat";
+        assert!(refused_as_stale(
+            &SqlState::FEATURE_NOT_SUPPORTED,
+            Some("RevalidateCachedQuery"),
+            changed
+        ));
+    }
+
+    #[test]
+    fn a_stale_statement_passed_on_by_citus_is_known_by_its_english_message() {
+        assert!(refused_as_stale(
+            &SqlState::UNDEFINED_COLUMN,
+            Some("ReportResultError"),
+            "attribute 2 of type record has been dropped"
+        ));
+        assert!(refused_as_stale(
+            &SqlState::FEATURE_NOT_SUPPORTED,
+            Some("ReportResultError"),
+            "cached plan must not change result type"
+        ));
+    }
+
+    #[test]
+    fn other_errors_are_not_run_again() {
+        // A column that never existed, and a feature missing for good.
+        assert!(!refused_as_stale(
+            &SqlState::UNDEFINED_COLUMN,
+            Some("errorMissingColumn"),
+            "column \"nope\" does not exist"
+        ));
+        assert!(!refused_as_stale(
+            &SqlState::FEATURE_NOT_SUPPORTED,
+            Some("transformLockingClause"),
+            "FOR UPDATE is not allowed with aggregate functions"
+        ));
+        // The right routine with another SQLSTATE: a column of another type.
+        assert!(!refused_as_stale(
+            &SqlState::DATATYPE_MISMATCH,
+            Some("CheckVarSlotCompatibility"),
+            "attribute 2 of type record has wrong type"
+        ));
     }
 }

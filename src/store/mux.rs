@@ -19,9 +19,40 @@ use tokio::sync::RwLock;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Row, Statement};
 
+use super::StoreError;
 use super::connect_error::ConnectError;
-use super::error::QueryTimeout;
-use super::{StoreError, row_type};
+use super::error::{self, QueryTimeout};
+
+/// Runs a prepared statement: `run(anew)` prepares it (taken from its
+/// connection's cache, or with `anew` prepared now whatever the cache
+/// holds) and runs it.
+///
+/// PostgreSQL does not re-describe a prepared statement. One whose
+/// rows are the table's plain columns (Get, Watch, an administrator's
+/// delete, the recovery feed) fails once a column it returns is dropped
+/// ("attribute N of type record has been dropped") or, re-planned after a
+/// function it calls was replaced, its result's shape changed ("cached
+/// plan must not change result type"). Such a statement is run once more,
+/// prepared anew. Running it again is safe: each statement is its own
+/// (autocommit) transaction, which the error rolled back before any row
+/// reached us; only a sequence it advanced stays advanced, which leaves a
+/// gap in fencing tokens at most.
+pub(super) async fn prepared_anew_if_stale<T, F, Fut>(mut run: F) -> Result<T, StoreError>
+where
+    F: FnMut(bool) -> Fut,
+    Fut: Future<Output = Result<T, tokio_postgres::Error>>,
+{
+    match run(false).await {
+        Err(e) if error::prepared_before_a_table_change(&e) => {
+            tracing::warn!(
+                error = %e,
+                "a statement prepared before the records table changed is prepared anew"
+            );
+            Ok(run(true).await?)
+        }
+        answer => Ok(answer?),
+    }
+}
 
 /// One shared connection and the statements prepared on it.
 pub(super) struct Shared {
@@ -51,13 +82,13 @@ impl Shared {
     }
 
     /// At most one row of `sql` (prepared here once, and again after the
-    /// table it returns changed: `row_type::prepared_anew_if_stale`).
+    /// table it returns changed: `prepared_anew_if_stale`).
     pub async fn query_opt(
         &self,
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, StoreError> {
-        row_type::prepared_anew_if_stale(async |anew| {
+        prepared_anew_if_stale(async |anew| {
             let statement = self.prepare(sql, anew).await?;
             self.client.query_opt(&statement, params).await
         })
@@ -71,7 +102,7 @@ impl Shared {
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, StoreError> {
-        row_type::prepared_anew_if_stale(async |anew| {
+        prepared_anew_if_stale(async |anew| {
             let statement = self.prepare(sql, anew).await?;
             self.client.query(&statement, params).await
         })

@@ -21,13 +21,11 @@
 //!
 //! The statements that return plain columns instead are prepared anew
 //! when PostgreSQL refuses them after such a change
-//! (`prepared_anew_if_stale`).
+//! (`mux::prepared_anew_if_stale`).
 
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use tokio_postgres::Row;
-use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{Field, Kind, Type};
 
 use super::{CallTime, Store, StoreError, row};
@@ -136,114 +134,5 @@ impl Store {
                 Ok(Field::new(name, ty))
             })
             .collect()
-    }
-}
-
-/// Runs a prepared statement: `run(anew)` prepares it (taken from its
-/// connection's cache, or with `anew` prepared now whatever the cache
-/// holds) and runs it.
-///
-/// PostgreSQL does not re-describe a prepared statement either. One whose
-/// rows are the table's plain columns (Get, Watch, an administrator's
-/// delete, the recovery feed) fails once a column it returns is dropped
-/// ("attribute N of type record has been dropped") or, re-planned after a
-/// function it calls was replaced, its result's shape changed ("cached
-/// plan must not change result type"). Such a statement is run once more,
-/// prepared anew. Running it again is safe: each statement is its own
-/// (autocommit) transaction, which the error rolled back before any row
-/// reached us; only a sequence it advanced stays advanced, which leaves a
-/// gap in fencing tokens at most.
-pub(super) async fn prepared_anew_if_stale<T, F, Fut>(mut run: F) -> Result<T, StoreError>
-where
-    F: FnMut(bool) -> Fut,
-    Fut: Future<Output = Result<T, tokio_postgres::Error>>,
-{
-    match run(false).await {
-        Err(e) if prepared_before_a_table_change(&e) => {
-            tracing::warn!(
-                error = %e,
-                "a statement prepared before the records table changed is prepared anew"
-            );
-            Ok(run(true).await?)
-        }
-        answer => Ok(answer?),
-    }
-}
-
-/// Whether PostgreSQL refused a prepared statement because the table its
-/// result describes changed since it was prepared.
-fn prepared_before_a_table_change(error: &tokio_postgres::Error) -> bool {
-    error
-        .as_db_error()
-        .is_some_and(|db| refused_as_stale(db.code(), db.routine(), db.message()))
-}
-
-/// The error's SQLSTATE, the routine that raised it and its message say a
-/// prepared statement is stale. Known by the routine, as the message is in
-/// the server's language; by the English message where the routine is
-/// another's (Citus passes a worker's error on as its own, so a worker
-/// speaking another language is not recognised).
-fn refused_as_stale(code: &SqlState, routine: Option<&str>, message: &str) -> bool {
-    let column_dropped = *code == SqlState::UNDEFINED_COLUMN
-        && (routine == Some("CheckVarSlotCompatibility") || message.ends_with("has been dropped"));
-    let result_changed = *code == SqlState::FEATURE_NOT_SUPPORTED
-        && (routine == Some("RevalidateCachedQuery")
-            || message == "cached plan must not change result type");
-    column_dropped || result_changed
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_stale_statement_is_known_by_its_routine_in_any_language() {
-        let dropped = "l'attribut 2 du type record a été supprimé";
-        assert!(refused_as_stale(
-            &SqlState::UNDEFINED_COLUMN,
-            Some("CheckVarSlotCompatibility"),
-            dropped
-        ));
-        let changed = "le plan en cache ne doit pas modifier le type en résultat";
-        assert!(refused_as_stale(
-            &SqlState::FEATURE_NOT_SUPPORTED,
-            Some("RevalidateCachedQuery"),
-            changed
-        ));
-    }
-
-    #[test]
-    fn a_stale_statement_passed_on_by_citus_is_known_by_its_english_message() {
-        assert!(refused_as_stale(
-            &SqlState::UNDEFINED_COLUMN,
-            Some("ReportResultError"),
-            "attribute 2 of type record has been dropped"
-        ));
-        assert!(refused_as_stale(
-            &SqlState::FEATURE_NOT_SUPPORTED,
-            Some("ReportResultError"),
-            "cached plan must not change result type"
-        ));
-    }
-
-    #[test]
-    fn other_errors_are_not_run_again() {
-        // A column that never existed, and a feature missing for good.
-        assert!(!refused_as_stale(
-            &SqlState::UNDEFINED_COLUMN,
-            Some("errorMissingColumn"),
-            "column \"nope\" does not exist"
-        ));
-        assert!(!refused_as_stale(
-            &SqlState::FEATURE_NOT_SUPPORTED,
-            Some("transformLockingClause"),
-            "FOR UPDATE is not allowed with aggregate functions"
-        ));
-        // The right routine with another SQLSTATE: a column of another type.
-        assert!(!refused_as_stale(
-            &SqlState::DATATYPE_MISMATCH,
-            Some("CheckVarSlotCompatibility"),
-            "attribute 2 of type record has wrong type"
-        ));
     }
 }

@@ -16,9 +16,9 @@ use super::batch::{self, Call};
 use super::clock::Stamp;
 use super::connect_error::ConnectError;
 use super::error::{PastDeadline, QueryTimeout};
-use super::mux::{Mux, statement_limit_until};
+use super::mux::{Mux, prepared_anew_if_stale, statement_limit_until};
+use super::shards;
 use super::{CallTime, Store, StoreError};
-use super::{row_type, shards};
 
 /// `sql` prepared on a pooled connection: taken from its cache, or with
 /// `anew` prepared again (after the table it returns changed).
@@ -70,8 +70,7 @@ impl Store {
             let statement = prepared(pooled, sql, anew).await?;
             pooled.query(&statement, params).await
         };
-        let answer =
-            tokio::time::timeout(self.query_timeout, row_type::prepared_anew_if_stale(run)).await;
+        let answer = tokio::time::timeout(self.query_timeout, prepared_anew_if_stale(run)).await;
         self.answered_in_time(client, answer)
     }
 
@@ -197,8 +196,7 @@ impl Store {
             let statement = prepared(pooled, sql, anew).await?;
             pooled.query_opt(&statement, params).await
         };
-        let answer =
-            tokio::time::timeout(self.query_timeout, row_type::prepared_anew_if_stale(run)).await;
+        let answer = tokio::time::timeout(self.query_timeout, prepared_anew_if_stale(run)).await;
         self.answered_in_time(client, answer)
     }
 }

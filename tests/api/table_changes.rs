@@ -7,7 +7,7 @@
 //! like the other statements that return plain columns, are prepared with
 //! the columns of their day: after a column they return is dropped, or a
 //! function they call is replaced after a column was added, they are
-//! prepared anew (`store::row_type::prepared_anew_if_stale`) instead of
+//! prepared anew (`store::mux::prepared_anew_if_stale`) instead of
 //! failing until their connections are replaced.
 
 use std::time::Duration;
