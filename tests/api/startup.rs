@@ -13,7 +13,6 @@ use std::net::SocketAddr;
 use std::process::Output;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
 use tokio_postgres::config::Host;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -42,10 +41,25 @@ fn url_to(user: &str, database: &str) -> String {
     format!("postgres://{user}:{PASSWORD}@{host}:{port}/{database}")
 }
 
-/// A port on 127.0.0.1 that nothing listens on (it was free a moment ago).
-async fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    listener.local_addr().unwrap().port()
+/// A port on 127.0.0.1 that nothing listens on, held for the test: the
+/// socket is bound but not listening, so a connection there is refused,
+/// and no other test's listener (nor an outgoing connection's local port)
+/// can take it while the test runs. A port that was merely free a moment
+/// ago could be taken by a parallel test and answer for it.
+struct ReservedPort(tokio::net::TcpSocket);
+
+impl ReservedPort {
+    fn new() -> ReservedPort {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        socket
+            .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .expect("bind a port on 127.0.0.1");
+        ReservedPort(socket)
+    }
+
+    fn port(&self) -> u16 {
+        self.0.local_addr().expect("the bound address").port()
+    }
 }
 
 /// Runs the binary with `args` to its end, within `limit`.
@@ -89,7 +103,8 @@ fn once(said: &str, part: &str) {
 
 #[tokio::test]
 async fn a_refused_connection_names_host_port_database_and_user_and_says_nothing_listens() {
-    let port = free_port().await;
+    let reserved = ReservedPort::new();
+    let port = reserved.port();
     let said = migrate_fails(&format!(
         "postgres://postgres:{PASSWORD}@127.0.0.1:{port}/orders"
     ))
@@ -211,7 +226,8 @@ async fn a_malformed_url_exits_at_once_saying_which_part_without_binding() {
 
 #[tokio::test]
 async fn serve_gives_up_after_database_wait_and_says_what_it_last_saw() {
-    let port = free_port().await;
+    let reserved = ReservedPort::new();
+    let port = reserved.port();
     let out = run_binary(
         &[
             "serve",
@@ -270,10 +286,8 @@ fn logged(server: &ServerProcess, message: &str) -> Vec<serde_json::Value> {
 
 /// Forwards every connection to 127.0.0.1:`port` to `target`: the database
 /// "arriving" on the port the server was told.
-async fn forward(port: u16, target: (String, u16)) -> tokio::task::JoinHandle<()> {
-    let listener = TcpListener::bind(("127.0.0.1", port))
-        .await
-        .expect("the free port is still free");
+fn forward(port: ReservedPort, target: (String, u16)) -> tokio::task::JoinHandle<()> {
+    let listener = port.0.listen(16).expect("listen on the reserved port");
     tokio::spawn(async move {
         while let Ok((mut inbound, _)) = listener.accept().await {
             let target = target.clone();
@@ -289,7 +303,8 @@ async fn forward(port: u16, target: (String, u16)) -> tokio::task::JoinHandle<()
 #[tokio::test]
 async fn serve_is_live_and_not_ready_while_the_database_is_away_and_ready_once_it_comes() {
     let db = TestDatabase::create().await;
-    let port = free_port().await;
+    let reserved = ReservedPort::new();
+    let port = reserved.port();
     let (_, _, user) = postgres();
     let url = format!("postgres://{user}:{PASSWORD}@127.0.0.1:{port}/{}", db.name);
     let server = ServerProcess::launch(
@@ -327,7 +342,7 @@ async fn serve_is_live_and_not_ready_while_the_database_is_away_and_ready_once_i
     assert!(error.contains("the connection was refused"), "{error}");
 
     let (host, pg_port, _) = postgres();
-    let forwarding = forward(port, (host, pg_port)).await;
+    let forwarding = forward(reserved, (host, pg_port));
     eventually("readiness SERVING", Duration::from_secs(30), || async {
         (health_at(server.addr, READINESS).await == ServingStatus::Serving).then_some(())
     })
