@@ -3,8 +3,9 @@
 //! The server's connections learnt the table's row type before; the hot
 //! calls (Acquire, Complete, ExtendLease) read their records as one value
 //! of that type (`store::row_type`), so they must read them by the columns
-//! the table has now, answering every call that committed. Get and Watch,
-//! like the other statements that return plain columns, are prepared with
+//! the table has now, answering every call that committed. Get, Watch and
+//! an administrator's delete, like the other statements that return plain
+//! columns, are prepared with
 //! the columns of their day: after a column they return is dropped, or a
 //! function they call is replaced after a column was added, they are
 //! prepared anew (`store::mux::prepared_anew_if_stale`) instead of
@@ -21,7 +22,8 @@ use tonic::transport::Channel;
 use crate::helpers::*;
 
 /// A cycle on `key` with an ExtendLease of the live lease on the way, its
-/// replay, and its record read by Get and by Watch.
+/// replay, its record read by Get and by Watch, then deleted by an
+/// administrator (authentication is off) and the key leased afresh.
 async fn cycle(c: &mut CoordinatorClient<Channel>, key: &str) {
     let lease = proceed(c, acquire("s", key)).await;
     let extended = c
@@ -62,6 +64,22 @@ async fn cycle(c: &mut CoordinatorClient<Channel>, key: &str) {
         .and_then(|event| event.record)
         .expect("the record as it is");
     assert_eq!(status_of(&watched), Status::Succeeded, "{key}");
+    let deleted = c
+        .delete_record(proto::DeleteRecordRequest {
+            target: Some(proto::AdminTarget {
+                scope: "s".into(),
+                key: key.into(),
+                reason: "start over".into(),
+                operator: String::new(),
+            }),
+        })
+        .await
+        .expect("delete_record")
+        .into_inner()
+        .record
+        .expect("the record as it was");
+    assert_eq!(status_of(&deleted), Status::Succeeded, "{key}");
+    proceed(c, acquire("s", key)).await;
 }
 
 /// Cycles on many keys at once, so that they also run in batches.
