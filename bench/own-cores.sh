@@ -10,6 +10,8 @@
 #   bash bench/own-cores.sh                       # 3 rounds, 32 clients, 10 s
 #   ROUNDS=6 SECS=10 CLIENTS=32 bash bench/own-cores.sh
 #   SERVER=/path/to/idempotency-coordinator bash bench/own-cores.sh
+#   CHECK=1.3 bash bench/own-cores.sh             # exit 1 if the pinned
+#                                                 # median ratio is lower
 #
 # Needs `cargo build --release` (the benchmark, and the server unless
 # SERVER names one), two cores or more, and the PostgreSQL at DATABASE_URL
@@ -99,9 +101,11 @@ run() {
     cycle=$(awk '/^RESULT scenario=cycle /' "$work/bench.log")
     limit=$(awk '/^RESULT scenario=limit /' "$work/bench.log")
     field() { tr ' ' '\n' <<<"$1" | awk -F= -v k="$2" '$1 == k { print $2 }'; }
+    local ratio
+    ratio=$(awk -v c="$(field "$cycle" ops_per_s)" -v l="$(field "$limit" ops_per_s)" 'BEGIN { printf "%.2f", c / l }')
+    echo "$ratio" >>"$work/$1.ratios"
     printf '%-7s cycle %6s/s  limit %6s/s  ratio %s  PostgreSQL per cycle %s µs (limit %s)  server %s µs  commits %s\n' \
-        "$1" "$(field "$cycle" ops_per_s)" "$(field "$limit" ops_per_s)" \
-        "$(awk -v c="$(field "$cycle" ops_per_s)" -v l="$(field "$limit" ops_per_s)" 'BEGIN { printf "%.2f", c / l }')" \
+        "$1" "$(field "$cycle" ops_per_s)" "$(field "$limit" ops_per_s)" "$ratio" \
         "$(field "$cycle" postgres_cpu_us)" "$(field "$limit" postgres_cpu_us)" \
         "$(field "$cycle" server_cpu_us)" "$(field "$cycle" commits)"
 }
@@ -112,3 +116,10 @@ for round in $(seq 1 "$rounds"); do
     run shared
     run pinned
 done
+
+median() { sort -n "$work/$1.ratios" | awk '{ r[NR] = $1 } END { printf "%.2f", NR % 2 ? r[(NR + 1) / 2] : (r[NR / 2] + r[NR / 2 + 1]) / 2 }'; }
+echo "cycle ÷ limit, median of $rounds: shared $(median shared), pinned $(median pinned)"
+if [ -n "${CHECK:-}" ] && awk -v m="$(median pinned)" -v b="$CHECK" 'BEGIN { exit !(m < b) }'; then
+    echo "missed: the pinned median is below $CHECK" >&2
+    exit 1
+fi
