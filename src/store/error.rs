@@ -144,10 +144,16 @@ pub(super) fn prepared_before_a_table_change(error: &tokio_postgres::Error) -> b
 /// prepared statement is stale. Known by the routine, as the message is in
 /// the server's language; by the English message where the routine is
 /// another's (Citus passes a worker's error on as its own, so a worker
-/// speaking another language is not recognised).
+/// speaking another language is not recognised). A Citus coordinator node
+/// whose statement was prepared before a column was dropped sends the
+/// worker a query naming that column as PostgreSQL names a dropped one,
+/// `?dropped?column?`, which no language translates and no table of ours
+/// has: the worker says that column does not exist.
 fn refused_as_stale(code: &SqlState, routine: Option<&str>, message: &str) -> bool {
     let column_dropped = *code == SqlState::UNDEFINED_COLUMN
-        && (routine == Some("CheckVarSlotCompatibility") || message.ends_with("has been dropped"));
+        && (routine == Some("CheckVarSlotCompatibility")
+            || message.ends_with("has been dropped")
+            || message.contains("?dropped?column?"));
     let result_changed = *code == SqlState::FEATURE_NOT_SUPPORTED
         && (routine == Some("RevalidateCachedQuery")
             || message == "cached plan must not change result type");
@@ -205,6 +211,18 @@ mod tests {
             &SqlState::FEATURE_NOT_SUPPORTED,
             Some("ReportResultError"),
             "cached plan must not change result type"
+        ));
+        // Through the coordinator node after a column was dropped, in any
+        // language: the dropped column's name is not translated.
+        assert!(refused_as_stale(
+            &SqlState::UNDEFINED_COLUMN,
+            Some("ReportResultError"),
+            "column \"?dropped?column?\" does not exist"
+        ));
+        assert!(refused_as_stale(
+            &SqlState::UNDEFINED_COLUMN,
+            Some("ReportResultError"),
+            "la colonne « ?dropped?column? » n'existe pas"
         ));
     }
 

@@ -13,83 +13,12 @@
 
 use std::time::Duration;
 
-use futures::future::join_all;
 use idempotency_coordinator::config::ServeConfig;
+use idempotency_coordinator::proto;
 use idempotency_coordinator::proto::coordinator_client::CoordinatorClient;
-use idempotency_coordinator::proto::{self, Decision, Status};
 use tonic::transport::Channel;
 
 use crate::helpers::*;
-
-/// A cycle on `key` with an ExtendLease of the live lease on the way, its
-/// replay, its record read by Get and by Watch, then deleted by an
-/// administrator (authentication is off) and the key leased afresh.
-async fn cycle(c: &mut CoordinatorClient<Channel>, key: &str) {
-    let lease = proceed(c, acquire("s", key)).await;
-    let extended = c
-        .extend_lease(proto::ExtendLeaseRequest {
-            scope: "s".into(),
-            key: key.into(),
-            lease_token: token(&lease),
-            extend_by: secs(30),
-            checkpoint: None,
-        })
-        .await
-        .expect("extend_lease");
-    assert!(extended.into_inner().lease.is_some(), "{key}");
-    let record = complete_ok(c, complete("s", key, &token(&lease), success(b"ok"))).await;
-    assert_eq!(status_of(&record), Status::Succeeded, "{key}");
-    assert_eq!(
-        record.result.map(|r| r.result),
-        Some(b"ok".to_vec()),
-        "{key}"
-    );
-    let replay = c.acquire(acquire("s", key)).await.unwrap().into_inner();
-    assert_eq!(decision(&replay), Decision::AlreadyDone, "{key}");
-    let got = get_record(c, get_req("s", key)).await;
-    assert_eq!(status_of(&got), Status::Succeeded, "{key}");
-    assert_eq!(got.result.map(|r| r.result), Some(b"ok".to_vec()), "{key}");
-    let watched = c
-        .watch(proto::WatchRequest {
-            scope: "s".into(),
-            key: key.into(),
-            timeout: secs(5),
-        })
-        .await
-        .expect("watch")
-        .into_inner()
-        .message()
-        .await
-        .expect("watch event")
-        .and_then(|event| event.record)
-        .expect("the record as it is");
-    assert_eq!(status_of(&watched), Status::Succeeded, "{key}");
-    let deleted = c
-        .delete_record(proto::DeleteRecordRequest {
-            target: Some(proto::AdminTarget {
-                scope: "s".into(),
-                key: key.into(),
-                reason: "start over".into(),
-                operator: String::new(),
-            }),
-        })
-        .await
-        .expect("delete_record")
-        .into_inner()
-        .record
-        .expect("the record as it was");
-    assert_eq!(status_of(&deleted), Status::Succeeded, "{key}");
-    proceed(c, acquire("s", key)).await;
-}
-
-/// Cycles on many keys at once, so that they also run in batches.
-async fn cycles(c: &CoordinatorClient<Channel>, prefix: &str) {
-    join_all((0..16).map(|i| {
-        let mut c = c.clone();
-        async move { cycle(&mut c, &format!("{prefix}-{i}")).await }
-    }))
-    .await;
-}
 
 /// A migrated database whose records table has a column `gone` that no
 /// record reads, and a connection to change the table with.
@@ -120,19 +49,19 @@ async fn columns_dropped_and_added_while_the_server_runs_change_no_answer() {
     ))
     .await;
     let c = server.client.clone();
-    cycles(&c, "before").await;
+    keys_through_every_call(&c, "before").await;
 
     admin
         .batch_execute("ALTER TABLE idempotency_keys DROP COLUMN gone")
         .await
         .unwrap();
-    cycles(&c, "dropped").await;
+    keys_through_every_call(&c, "dropped").await;
 
     admin
         .batch_execute("ALTER TABLE idempotency_keys ADD COLUMN operator_note text DEFAULT 'n'")
         .await
         .unwrap();
-    cycles(&c, "added").await;
+    keys_through_every_call(&c, "added").await;
 
     // A migration of the next release replaces the functions that return
     // `SETOF idempotency_keys`: a statement prepared before is planned
@@ -148,7 +77,7 @@ async fn columns_dropped_and_added_while_the_server_runs_change_no_answer() {
         )
         .await
         .unwrap();
-    cycles(&c, "replaced").await;
+    keys_through_every_call(&c, "replaced").await;
     server.stop().await;
 }
 

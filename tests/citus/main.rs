@@ -29,4 +29,5 @@ mod migrations;
 mod moves;
 #[allow(dead_code)]
 mod placement;
+mod table_changes;
 mod waiting;

@@ -3,6 +3,7 @@
 mod auth;
 mod conditions;
 mod database;
+mod every_call;
 mod gate;
 mod health;
 mod pki;
@@ -16,6 +17,7 @@ mod webhook;
 pub use auth::*;
 pub use conditions::*;
 pub use database::*;
+pub use every_call::*;
 pub use gate::*;
 pub use health::*;
 pub use pki::*;
