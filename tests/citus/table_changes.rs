@@ -23,8 +23,9 @@ async fn through_the_coordinator_node_too() {
     columns_dropped_and_added(|c| c.store.citus_direct = false).await;
 }
 
-/// A column dropped, then one added, on a fresh database, with the server
-/// configured by `configure` running cycles on every key before and after.
+/// The table changed under a server configured by `configure`, on a fresh
+/// database (`the_table_changed_under`); `ALTER TABLE` and the replaced
+/// functions go to the coordinator node, which propagates them.
 async fn columns_dropped_and_added(configure: impl FnOnce(&mut ServeConfig)) {
     let Some(db) = CitusDatabase::create().await else {
         return;
@@ -37,35 +38,6 @@ async fn columns_dropped_and_added(configure: impl FnOnce(&mut ServeConfig)) {
         .await
         .unwrap();
     let server = server_on(&db, configure).await;
-    let c = server.client.clone();
-    keys_through_every_call(&c, "before").await;
-
-    admin
-        .batch_execute("ALTER TABLE idempotency_keys DROP COLUMN gone")
-        .await
-        .unwrap();
-    keys_through_every_call(&c, "dropped").await;
-
-    admin
-        .batch_execute("ALTER TABLE idempotency_keys ADD COLUMN operator_note text DEFAULT 'n'")
-        .await
-        .unwrap();
-    keys_through_every_call(&c, "added").await;
-
-    // A migration of the next release replaces the functions that return
-    // `SETOF idempotency_keys` (on the coordinator node, which propagates
-    // them to the workers).
-    admin
-        .batch_execute(
-            "DO $$ DECLARE f oid; BEGIN \
-               FOR f IN SELECT oid FROM pg_proc \
-                        WHERE prorettype = 'idempotency_keys'::regtype LOOP \
-                 EXECUTE pg_get_functiondef(f); \
-               END LOOP; \
-             END $$",
-        )
-        .await
-        .unwrap();
-    keys_through_every_call(&c, "replaced").await;
+    the_table_changed_under(&admin, &server.client).await;
     server.stop().await;
 }

@@ -1,5 +1,6 @@
-//! Every call a record meets, on one key or on many at once: what a test
-//! runs before and after changing the table or the cluster under a server.
+//! Every call a record meets, on one key or on many at once, and the
+//! records table changed under a server between rounds of them (by a
+//! migration of a rolling upgrade, or an operator).
 
 use futures::future::join_all;
 use idempotency_coordinator::proto::coordinator_client::CoordinatorClient;
@@ -76,4 +77,42 @@ pub async fn keys_through_every_call(c: &CoordinatorClient<Channel>, prefix: &st
         async move { a_key_through_every_call(&mut c, &format!("{prefix}-{i}")).await }
     }))
     .await;
+}
+
+/// On a migrated database whose records table has a column `gone` (added
+/// before the server started), with `admin` connected to it and `c` to a
+/// server on it: rounds of every call on fresh keys before the change and
+/// after each of its steps. `gone` is dropped (a value then has a field
+/// fewer than the connections know); a column is added (as many fields as
+/// they know, the last of another type, and one more than the store last
+/// looked up); then the functions that return `SETOF idempotency_keys`
+/// are replaced, as a migration of the next release does, so that a
+/// statement prepared before is planned again with the added column.
+pub async fn the_table_changed_under(
+    admin: &tokio_postgres::Client,
+    c: &CoordinatorClient<Channel>,
+) {
+    keys_through_every_call(c, "before").await;
+    admin
+        .batch_execute("ALTER TABLE idempotency_keys DROP COLUMN gone")
+        .await
+        .unwrap();
+    keys_through_every_call(c, "dropped").await;
+    admin
+        .batch_execute("ALTER TABLE idempotency_keys ADD COLUMN operator_note text DEFAULT 'n'")
+        .await
+        .unwrap();
+    keys_through_every_call(c, "added").await;
+    admin
+        .batch_execute(
+            "DO $$ DECLARE f oid; BEGIN \
+               FOR f IN SELECT oid FROM pg_proc \
+                        WHERE prorettype = 'idempotency_keys'::regtype LOOP \
+                 EXECUTE pg_get_functiondef(f); \
+               END LOOP; \
+             END $$",
+        )
+        .await
+        .unwrap();
+    keys_through_every_call(c, "replaced").await;
 }
