@@ -143,12 +143,14 @@ pub(super) fn prepared_before_a_table_change(error: &tokio_postgres::Error) -> b
 /// The error's SQLSTATE, the routine that raised it and its message say a
 /// prepared statement is stale. Known by the routine, as the message is in
 /// the server's language; by the English message where the routine is
-/// another's (Citus passes a worker's error on as its own, so a worker
-/// speaking another language is not recognised). A Citus coordinator node
-/// whose statement was prepared before a column was dropped sends the
-/// worker a query naming that column as PostgreSQL names a dropped one,
-/// `?dropped?column?`, which no language translates and no table of ours
-/// has: the worker says that column does not exist.
+/// another's (Citus passes a worker's error on as its own, so such a
+/// message from a worker speaking another language is not recognised).
+/// One more, whatever the language: a statement that a Citus coordinator
+/// node prepared before a column was dropped still refers to that column,
+/// and PostgreSQL's SQL printer writes a reference to a dropped column as
+/// `?dropped?column?` in the query the node sends on; the node that runs
+/// it says that column does not exist. No table of ours has such a column,
+/// and the name is not translated.
 fn refused_as_stale(code: &SqlState, routine: Option<&str>, message: &str) -> bool {
     let column_dropped = *code == SqlState::UNDEFINED_COLUMN
         && (routine == Some("CheckVarSlotCompatibility")
