@@ -34,8 +34,8 @@ use super::error::{self, QueryTimeout};
 /// function it calls was replaced, its result's shape changed ("cached
 /// plan must not change result type"); through a Citus coordinator node,
 /// a statement prepared before a column was dropped refers to it as
-/// `?dropped?column?`, which does not exist. Such a statement is run once more,
-/// prepared anew. Running it again is safe: each statement is its own
+/// `?dropped?column?`, which does not exist. Such a statement is run once
+/// more, prepared anew. Running it again is safe: each statement is its own
 /// (autocommit) transaction, which the error rolled back before any row
 /// reached us; only a sequence it advanced stays advanced, which leaves a
 /// gap in fencing tokens at most.
