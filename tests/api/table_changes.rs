@@ -5,11 +5,11 @@
 //! of that type (`store::row_type`), so they must read them by the columns
 //! the table has now, answering every call that committed. Get, Watch and
 //! an administrator's delete, like the other statements that return plain
-//! columns, are prepared with
-//! the columns of their day: after a column they return is dropped, or a
-//! function they call is replaced after a column was added, they are
-//! prepared anew (`store::mux::prepared_anew_if_stale`) instead of
-//! failing until their connections are replaced.
+//! columns, are prepared with the columns of their day: after a column
+//! they return is dropped, or a function they call is replaced after a
+//! column was added, they are prepared anew
+//! (`store::mux::prepared_anew_if_stale`) instead of failing until their
+//! connections are replaced.
 
 use std::time::Duration;
 
@@ -20,19 +20,12 @@ use tonic::transport::Channel;
 
 use crate::helpers::*;
 
-/// A migrated database whose records table has a column `gone` that no
-/// record reads, and a connection to change the table with.
-async fn migrated_with_a_column_to_drop() -> (TestDatabase, tokio_postgres::Client) {
+/// A fresh database ready for `the_table_changed_under`, and a
+/// connection to change its table with.
+async fn a_database_with_a_column_to_drop() -> (TestDatabase, tokio_postgres::Client) {
     let db = TestDatabase::create().await;
-    let admin = db.connect().await;
-    let mut migrating = db.connect().await;
-    idempotency_coordinator::store::migrate::migrate(&mut migrating)
-        .await
-        .unwrap();
-    admin
-        .batch_execute("ALTER TABLE idempotency_keys ADD COLUMN gone integer")
-        .await
-        .unwrap();
+    let mut admin = db.connect().await;
+    migrate_with_a_column_to_drop(&mut admin).await;
     (db, admin)
 }
 
@@ -40,7 +33,7 @@ async fn migrated_with_a_column_to_drop() -> (TestDatabase, tokio_postgres::Clie
 /// functions returning records are replaced (`the_table_changed_under`).
 #[tokio::test]
 async fn columns_dropped_and_added_while_the_server_runs_change_no_answer() {
-    let (db, admin) = migrated_with_a_column_to_drop().await;
+    let (db, admin) = a_database_with_a_column_to_drop().await;
     let server = start_server(ServeConfig::new(
         "127.0.0.1:0".parse().unwrap(),
         db.url.clone(),
@@ -55,7 +48,7 @@ async fn columns_dropped_and_added_while_the_server_runs_change_no_answer() {
 /// dropped is the one it must run after.
 #[tokio::test]
 async fn the_recovery_feed_goes_on_after_a_column_is_dropped() {
-    let (db, admin) = migrated_with_a_column_to_drop().await;
+    let (db, admin) = a_database_with_a_column_to_drop().await;
     let mut config = ServeConfig::new("127.0.0.1:0".parse().unwrap(), db.url.clone());
     config.store.pool_size = 1;
     config.sweep_interval = Duration::ZERO;

@@ -7,7 +7,6 @@
 //! PostgreSQL (`tests/api/table_changes.rs`).
 
 use idempotency_coordinator::config::ServeConfig;
-use idempotency_coordinator::store::migrate;
 
 use crate::app::server_on;
 use crate::harness::CitusDatabase;
@@ -30,13 +29,8 @@ async fn columns_dropped_and_added(configure: impl FnOnce(&mut ServeConfig)) {
     let Some(db) = CitusDatabase::create().await else {
         return;
     };
-    let admin = db.connect().await;
-    let mut migrating = db.connect().await;
-    migrate::migrate(&mut migrating).await.unwrap();
-    admin
-        .batch_execute("ALTER TABLE idempotency_keys ADD COLUMN gone integer")
-        .await
-        .unwrap();
+    let mut admin = db.connect().await;
+    migrate_with_a_column_to_drop(&mut admin).await;
     let server = server_on(&db, configure).await;
     the_table_changed_under(&admin, &server.client).await;
     server.stop().await;

@@ -79,8 +79,21 @@ pub async fn keys_through_every_call(c: &CoordinatorClient<Channel>, prefix: &st
     .await;
 }
 
-/// On a migrated database whose records table has a column `gone` (added
-/// before the server started), with `admin` connected to it and `c` to a
+/// Migrates the database `client` is connected to and gives its records
+/// table a column `gone` that no record reads, for
+/// [`the_table_changed_under`] to drop once a server runs on it.
+pub async fn migrate_with_a_column_to_drop(client: &mut tokio_postgres::Client) {
+    idempotency_coordinator::store::migrate::migrate(client)
+        .await
+        .unwrap();
+    client
+        .batch_execute("ALTER TABLE idempotency_keys ADD COLUMN gone integer")
+        .await
+        .unwrap();
+}
+
+/// On a database [`migrate_with_a_column_to_drop`] prepared, with `admin`
+/// connected to it and `c` to a
 /// server on it: rounds of every call on fresh keys before the change and
 /// after each of its steps. `gone` is dropped (a value then has a field
 /// fewer than the connections know); a column is added (as many fields as
