@@ -115,17 +115,16 @@ run() {
     kill -INT "$pid"
     wait "$pid" 2>/dev/null || true
     pid=
-    local cycle limit
+    local cycle limit ratio
     cycle=$(awk '/^RESULT scenario=cycle /' "$work/bench.log")
     limit=$(awk '/^RESULT scenario=limit /' "$work/bench.log")
-    if [ -z "$cycle" ] || [ -z "$limit" ]; then
-        echo "the benchmark reported no RESULT line for cycle or limit:" >&2
+    ratio=$(sed -n 's/^cycle ÷ limit: \([0-9.]*\) .*/\1/p' "$work/bench.log")
+    if [ -z "$cycle" ] || [ -z "$limit" ] || [ -z "$ratio" ]; then
+        echo "the benchmark reported no cycle, limit or ratio:" >&2
         cat "$work/bench.log" >&2
         exit 1
     fi
     field() { tr ' ' '\n' <<<"$1" | awk -F= -v k="$2" '$1 == k { print $2 }'; }
-    local ratio
-    ratio=$(awk -v c="$(field "$cycle" ops_per_s)" -v l="$(field "$limit" ops_per_s)" 'BEGIN { printf "%.2f", c / l }')
     echo "$ratio" >>"$work/$1.ratios"
     printf '%-7s cycle %6s/s  limit %6s/s  ratio %s  PostgreSQL per cycle %s µs (limit %s)  server %s µs  commits %s\n' \
         "$1" "$(field "$cycle" ops_per_s)" "$(field "$limit" ops_per_s)" "$ratio" \
