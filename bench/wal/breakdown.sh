@@ -15,7 +15,19 @@
 # is taken before the warm-up, so the full-page images shown are those of
 # pages first touched by the measured cycles.
 #
+# A running PostgreSQL also logs each page whole the first time it changes
+# after a checkpoint (every checkpoint_timeout, 5 minutes by default):
+# PRELOAD records (cycles run before the measurement, unmeasured, without
+# waiting for their commits to be flushed, then vacuumed) stand for the
+# records a table keeps for their retention, CHECKPOINT_EVERY cycles for a
+# checkpoint's interval, and KEYS=random draws each key at random (a UUID)
+# as many callers do, so that new keys land anywhere in the primary key
+# rather than at its end. Autovacuum is off for the measured cycles, so
+# that only what the cycles write is counted.
+#
 #   bash bench/wal/breakdown.sh            # 8,000 cycles, batches of 16
+#   PRELOAD=1000000 CYCLES=100000 CHECKPOINT_EVERY=20000 KEYS=random \
+#       WAL_COMPRESSION=lz4 bash bench/wal/breakdown.sh
 #   CYCLES=16000 BATCH=32 WAL_COMPRESSION=lz4 FILLFACTOR=90 bash bench/wal/breakdown.sh
 #   SQL_FROM=/path/to/older/checkout bash bench/wal/breakdown.sh   # its sql/
 #   PRIMARY_KEY_ONLY=1 bash bench/wal/breakdown.sh   # no other index
@@ -38,7 +50,13 @@ root=$(cd "$here/../.." && pwd)
 cycles=${CYCLES:-8000}
 batch=${BATCH:-16}
 port=${PORT:-5519}
-settings="-c wal_compression=${WAL_COMPRESSION:-off}"
+preload=${PRELOAD:-0}
+checkpoint_every=${CHECKPOINT_EVERY:-0}
+random_keys=false
+[ "${KEYS:-ordered}" = random ] && random_keys=true
+# wal_keep_size: checkpoints would otherwise recycle the segments that
+# pg_waldump reads below.
+settings="-c wal_compression=${WAL_COMPRESSION:-off} -c autovacuum=off -c wal_keep_size=16GB"
 # shellcheck source=bench/wal/cluster.sh
 . "$here/cluster.sh"
 load_sql "${SQL_FROM:-$root}" "$here/cycles.sql"
@@ -62,9 +80,14 @@ fi
 for column in ${INDEX_ON:-}; do
     psql_db -c "CREATE INDEX ON $table ($column)"
 done
+if [ "$preload" -gt 0 ]; then
+    psql_db -c "SET synchronous_commit = off" \
+        -c "CALL $procedure($preload, 250, 'preload', 0, $random_keys)"
+    psql_db -c "VACUUM ANALYZE $table"
+fi
 psql_db -c "CHECKPOINT"
 # Warm up: the first batches extend the table and grow the indexes' roots.
-psql_db -c "CALL $procedure($((batch * 100)), $batch, 'warm')"
+psql_db -c "CALL $procedure($((batch * 100)), $batch, 'warm', 0, $random_keys)"
 # The measured cycles run in one session, which reads its own backend's
 # time on a CPU (/proc/self/schedstat, in nanoseconds) before and after:
 # what the SQL costs per cycle, commits included, without the noise of a
@@ -72,18 +95,25 @@ psql_db -c "CALL $procedure($((batch * 100)), $batch, 'warm')"
 read -r start end cpu_ns <<<"$(psql_db -F ' ' <<SQL
 SELECT pg_current_wal_insert_lsn() AS start,
        split_part(pg_read_file('/proc/self/schedstat'), ' ', 1)::bigint AS cpu0 \gset
-CALL $procedure($cycles, $batch, 'run');
+CALL $procedure($cycles, $batch, 'run', $checkpoint_every, $random_keys);
 SELECT :'start', pg_current_wal_insert_lsn(),
        split_part(pg_read_file('/proc/self/schedstat'), ' ', 1)::bigint - :cpu0;
 SQL
 )"
 bytes=$(psql_db -c "SELECT pg_wal_lsn_diff('$end', '$start')")
-echo "$cycles cycles ($procedure) in batches of $batch, wal_compression ${WAL_COMPRESSION:-off}, fillfactor ${FILLFACTOR:-as migrated}: $(awk -v b="$bytes" -v n="$cycles" 'BEGIN{printf "%.1f", b/n}') WAL bytes and $(awk -v c="$cpu_ns" -v n="$cycles" 'BEGIN{printf "%.1f", c/n/1000}') µs of the backend's CPU per cycle"
-printf '%-24s %10s %12s %12s\n' "record type" "per cycle" "bytes/cycle" "FPI b/cycle"
+checkpoints="no checkpoint"
+[ "$checkpoint_every" -gt 0 ] && checkpoints="a checkpoint every $checkpoint_every cycles"
+echo "$cycles cycles ($procedure) in batches of $batch, keys ${KEYS:-ordered}, $preload records before, $checkpoints, wal_compression ${WAL_COMPRESSION:-off}, fillfactor ${FILLFACTOR:-as migrated}: $(awk -v b="$bytes" -v n="$cycles" 'BEGIN{printf "%.1f", b/n}') WAL bytes and $(awk -v c="$cpu_ns" -v n="$cycles" 'BEGIN{printf "%.1f", c/n/1000}') µs of the backend's CPU per cycle"
 as_owner "'$bin/pg_waldump' -p '$data/db/pg_wal' -s $start -e $end --stats=record" 2>/dev/null |
     awk -v n="$cycles" '
         { gsub(/\([^)]*\)/, "") }
         $1 ~ /\// && $2 ~ /^[0-9]+$/ {
             # type, count, record bytes, FPI bytes, combined bytes
-            printf "%-24s %10.3f %12.1f %12.1f\n", $1, $2 / n, $3 / n, $4 / n
-        }' | sort -k3 -nr | head -16
+            rows[++r] = sprintf("%-24s %10.3f %12.1f %12.1f %12.1f", $1, $2 / n, $3 / n, $4 / n, $5 / n)
+            fpi += $4
+        }
+        END {
+            printf "of which full-page images: %.1f bytes per cycle\n", fpi / n
+            printf "%-24s %10s %12s %12s %12s\n", "record type", "per cycle", "bytes/cycle", "FPI b/cycle", "both"
+            for (i = 1; i <= r; i++) print rows[i] | "sort -k5 -nr | head -16"
+        }'

@@ -4,7 +4,16 @@
 -- one kind (idempotency_acquire_batch, idempotency_complete_batch: each a
 -- call of idempotency_call_batch), which every release has, so that the
 -- same script measures an older tree too. Loaded by bench/wal/breakdown.sh.
-CREATE OR REPLACE PROCEDURE wal_cycles(p_cycles integer, p_batch integer, p_prefix text)
+--
+-- Keys are the prefix and a counter, in order, unless p_random_keys: then a
+-- random UUID each, as many callers send them, so that each new key lands on
+-- a leaf page of the primary key anywhere in it. With p_checkpoint_every,
+-- a checkpoint every that many cycles (after the batch that reaches it), so
+-- that the first change of each page after it is logged whole, as a running
+-- PostgreSQL does every checkpoint_timeout.
+CREATE OR REPLACE PROCEDURE wal_cycles(p_cycles integer, p_batch integer, p_prefix text,
+                                       p_checkpoint_every integer DEFAULT 0,
+                                       p_random_keys boolean DEFAULT false)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_keys   text[];
@@ -12,8 +21,12 @@ DECLARE
     v_none   text[] := array_fill(''::text, ARRAY[p_batch]);
 BEGIN
     FOR i IN 0 .. p_cycles / p_batch - 1 LOOP
-        SELECT array_agg(format('%s-%s-%s', p_prefix, lpad(i::text, 5, '0'), lpad(g::text, 2, '0'))) INTO v_keys
-          FROM generate_series(1, p_batch) g;
+        -- In ascending order, bytewise, as the server sorts a batch's calls.
+        SELECT array_agg(k ORDER BY k COLLATE "C") INTO v_keys
+          FROM (SELECT CASE WHEN p_random_keys THEN gen_random_uuid()::text
+                            ELSE format('%s-%s-%s', p_prefix, lpad(i::text, 5, '0'), lpad(g::text, 2, '0'))
+                       END AS k
+                  FROM generate_series(1, p_batch) g) keys;
         SELECT array_agg((b.rec).lease_token ORDER BY b.ord) INTO v_tokens
           FROM idempotency_acquire_batch(
                    array_fill('tenant'::text, ARRAY[p_batch]),
@@ -35,6 +48,9 @@ BEGIN
                    array_fill(100::bigint, ARRAY[p_batch]), array_fill(60000::bigint, ARRAY[p_batch]),
                    0);
         COMMIT;
+        IF p_checkpoint_every > 0 AND (i + 1) * p_batch % p_checkpoint_every < p_batch THEN
+            CHECKPOINT;
+        END IF;
     END LOOP;
 END;
 $$;
@@ -44,22 +60,29 @@ $$;
 -- same 64-character fingerprint and the same result, one transaction per
 -- call as its pgbench script runs them: what the limit writes for the
 -- values a record here holds (bench/limit/cycle.pgbench stores a 2-byte
--- fingerprint and a 2-byte result).
-CREATE OR REPLACE PROCEDURE limit_cycles(p_cycles integer, p_batch integer, p_prefix text)
+-- fingerprint and a 2-byte result). Keys and checkpoints as wal_cycles's.
+CREATE OR REPLACE PROCEDURE limit_cycles(p_cycles integer, p_batch integer, p_prefix text,
+                                         p_checkpoint_every integer DEFAULT 0,
+                                         p_random_keys boolean DEFAULT false)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_key   text;
     v_token uuid;
 BEGIN
     FOR i IN 0 .. p_cycles / p_batch * p_batch - 1 LOOP
-        v_key := format('%s-%s-%s', p_prefix, lpad((i / p_batch)::text, 5, '0'),
-                        lpad((i % p_batch + 1)::text, 2, '0'));
+        v_key := CASE WHEN p_random_keys THEN gen_random_uuid()::text
+                      ELSE format('%s-%s-%s', p_prefix, lpad((i / p_batch)::text, 5, '0'),
+                                  lpad((i % p_batch + 1)::text, 2, '0'))
+                 END;
         SELECT token INTO v_token
           FROM limit_acquire('tenant', 'payments', v_key, repeat('f', 64), 900);
         COMMIT;
         PERFORM limit_complete('tenant', 'payments', v_key, v_token,
                                convert_to('{"charge":"ch_1","amount":1200}', 'UTF8'));
         COMMIT;
+        IF p_checkpoint_every > 0 AND (i + 1) % p_checkpoint_every = 0 THEN
+            CHECKPOINT;
+        END IF;
     END LOOP;
 END;
 $$;
