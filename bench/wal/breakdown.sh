@@ -52,11 +52,27 @@ batch=${BATCH:-16}
 port=${PORT:-5519}
 preload=${PRELOAD:-0}
 checkpoint_every=${CHECKPOINT_EVERY:-0}
-random_keys=false
-[ "${KEYS:-ordered}" = random ] && random_keys=true
-# wal_keep_size: checkpoints would otherwise recycle the segments that
-# pg_waldump reads below.
-settings="-c wal_compression=${WAL_COMPRESSION:-off} -c autovacuum=off -c wal_keep_size=16GB"
+keys=${KEYS:-ordered}
+for setting in "CYCLES=$cycles" "BATCH=$batch" "PRELOAD=$preload" "CHECKPOINT_EVERY=$checkpoint_every"; do
+    [[ ${setting#*=} =~ ^[0-9]+$ ]] || { echo "$setting: a whole number, please" >&2; exit 2; }
+done
+case $keys in
+    ordered) random_keys=false ;;
+    random) random_keys=true ;;
+    *) echo "KEYS=$keys: ordered or random" >&2; exit 2 ;;
+esac
+if [ "$checkpoint_every" -gt 0 ] && [ "$checkpoint_every" -lt "$batch" ]; then
+    echo "CHECKPOINT_EVERY=$checkpoint_every: at least a batch ($batch)" >&2
+    exit 2
+fi
+# The preload in batches of up to 250, so what it creates is rounded down.
+preload_batch=$((preload < 250 ? (preload > 0 ? preload : 1) : 250))
+preload=$((preload / preload_batch * preload_batch))
+# Checkpoints only where asked: none by time or by WAL volume. wal_keep_size
+# keeps the segments pg_waldump reads below, which checkpoints would
+# otherwise recycle (a million-record preload leaves a few GB of them in
+# the scratch directory until the script ends).
+settings="-c wal_compression=${WAL_COMPRESSION:-off} -c autovacuum=off -c checkpoint_timeout=1d -c max_wal_size=64GB -c wal_keep_size=16GB"
 # shellcheck source=bench/wal/cluster.sh
 . "$here/cluster.sh"
 load_sql "${SQL_FROM:-$root}" "$here/cycles.sql"
@@ -82,12 +98,15 @@ for column in ${INDEX_ON:-}; do
 done
 if [ "$preload" -gt 0 ]; then
     psql_db -c "SET synchronous_commit = off" \
-        -c "CALL $procedure($preload, 250, 'preload', 0, $random_keys)"
+        -c "CALL $procedure($preload, $preload_batch, 'preload', 0, $random_keys)"
     psql_db -c "VACUUM ANALYZE $table"
 fi
 psql_db -c "CHECKPOINT"
 # Warm up: the first batches extend the table and grow the indexes' roots.
 psql_db -c "CALL $procedure($((batch * 100)), $batch, 'warm', 0, $random_keys)"
+# With checkpoints, the measured cycles start on one too, so that each
+# interval counts the page images of what it touches, the first as well.
+[ "$checkpoint_every" -gt 0 ] && psql_db -c "CHECKPOINT"
 # The measured cycles run in one session, which reads its own backend's
 # time on a CPU (/proc/self/schedstat, in nanoseconds) before and after:
 # what the SQL costs per cycle, commits included, without the noise of a
@@ -103,8 +122,8 @@ SQL
 bytes=$(psql_db -c "SELECT pg_wal_lsn_diff('$end', '$start')")
 checkpoints="no checkpoint"
 [ "$checkpoint_every" -gt 0 ] && checkpoints="a checkpoint every $checkpoint_every cycles"
-echo "$cycles cycles ($procedure) in batches of $batch, keys ${KEYS:-ordered}, $preload records before, $checkpoints, wal_compression ${WAL_COMPRESSION:-off}, fillfactor ${FILLFACTOR:-as migrated}: $(awk -v b="$bytes" -v n="$cycles" 'BEGIN{printf "%.1f", b/n}') WAL bytes and $(awk -v c="$cpu_ns" -v n="$cycles" 'BEGIN{printf "%.1f", c/n/1000}') µs of the backend's CPU per cycle"
-as_owner "'$bin/pg_waldump' -p '$data/db/pg_wal' -s $start -e $end --stats=record" 2>/dev/null |
+echo "$cycles cycles ($procedure) in batches of $batch, keys $keys, $preload records before, $checkpoints, wal_compression ${WAL_COMPRESSION:-off}, fillfactor ${FILLFACTOR:-as migrated}: $(awk -v b="$bytes" -v n="$cycles" 'BEGIN{printf "%.1f", b/n}') WAL bytes and $(awk -v c="$cpu_ns" -v n="$cycles" 'BEGIN{printf "%.1f", c/n/1000}') µs of the backend's CPU per cycle"
+as_owner "'$bin/pg_waldump' -p '$data/db/pg_wal' -s $start -e $end --stats=record" |
     awk -v n="$cycles" '
         { gsub(/\([^)]*\)/, "") }
         $1 ~ /\// && $2 ~ /^[0-9]+$/ {

@@ -5,9 +5,10 @@
 -- call of idempotency_call_batch), which every release has, so that the
 -- same script measures an older tree too. Loaded by bench/wal/breakdown.sh.
 --
--- Keys are the prefix and a counter, in order, unless p_random_keys: then a
--- random UUID each, as many callers send them, so that each new key lands on
--- a leaf page of the primary key anywhere in it. With p_checkpoint_every,
+-- Keys are the prefix and counters, in order (the counters padded to one
+-- width, so that no two keys of a run are alike), unless p_random_keys:
+-- then a random UUID each, as many callers send them, so that each new key
+-- lands on a leaf page of the primary key anywhere in it. With p_checkpoint_every,
 -- a checkpoint every that many cycles (after the batch that reaches it), so
 -- that the first change of each page after it is logged whole, as a running
 -- PostgreSQL does every checkpoint_timeout.
@@ -24,7 +25,9 @@ BEGIN
         -- In ascending order, bytewise, as the server sorts a batch's calls.
         SELECT array_agg(k ORDER BY k COLLATE "C") INTO v_keys
           FROM (SELECT CASE WHEN p_random_keys THEN gen_random_uuid()::text
-                            ELSE format('%s-%s-%s', p_prefix, lpad(i::text, 5, '0'), lpad(g::text, 2, '0'))
+                            ELSE format('%s-%s-%s', p_prefix,
+                                        lpad(i::text, greatest(5, length((p_cycles / p_batch)::text)), '0'),
+                                        lpad(g::text, greatest(2, length(p_batch::text)), '0'))
                        END AS k
                   FROM generate_series(1, p_batch) g) keys;
         SELECT array_agg((b.rec).lease_token ORDER BY b.ord) INTO v_tokens
@@ -71,8 +74,9 @@ DECLARE
 BEGIN
     FOR i IN 0 .. p_cycles / p_batch * p_batch - 1 LOOP
         v_key := CASE WHEN p_random_keys THEN gen_random_uuid()::text
-                      ELSE format('%s-%s-%s', p_prefix, lpad((i / p_batch)::text, 5, '0'),
-                                  lpad((i % p_batch + 1)::text, 2, '0'))
+                      ELSE format('%s-%s-%s', p_prefix,
+                                  lpad((i / p_batch)::text, greatest(5, length((p_cycles / p_batch)::text)), '0'),
+                                  lpad((i % p_batch + 1)::text, greatest(2, length(p_batch::text)), '0'))
                  END;
         SELECT token INTO v_token
           FROM limit_acquire('tenant', 'payments', v_key, repeat('f', 64), 900);
