@@ -22,8 +22,10 @@
 # records a table keeps for their retention, CHECKPOINT_EVERY cycles for a
 # checkpoint's interval, and KEYS=random draws each key at random (a UUID)
 # as many callers do, so that new keys land anywhere in the primary key
-# rather than at its end. Autovacuum is off for the measured cycles, so
-# that only what the cycles write is counted.
+# rather than next to each other. Autovacuum is off for the measured cycles, so
+# that only what the cycles write is counted (a running table's vacuum
+# logs more). The page images are also summed by relation (BY_RELATION=0
+# leaves that out).
 #
 #   bash bench/wal/breakdown.sh            # 8,000 cycles, batches of 16
 #   PRELOAD=1000000 CYCLES=100000 CHECKPOINT_EVERY=20000 KEYS=random \
@@ -136,3 +138,30 @@ as_owner "'$bin/pg_waldump' -p '$data/db/pg_wal' -s $start -e $end --stats=recor
             printf "%-24s %10s %12s %12s %12s\n", "record type", "per cycle", "bytes/cycle", "FPI b/cycle", "both"
             for (i = 1; i <= r; i++) print rows[i] | "sort -k5 -nr | head -16"
         }'
+# Page images by relation: each record that logged a page whole, its bytes
+# beyond the record's own shared among the pages it logged whole (one,
+# nearly always), summed by the relation each page belongs to.
+if [ "${BY_RELATION:-1}" = 1 ]; then
+    as_owner "'$bin/pg_waldump' -p '$data/db/pg_wal' -s $start -e $end" |
+        awk '/ FPW/ {
+            split($0, len, /len \(rec\/tot\): */); split(len[2], rt, /[\/,] */)
+            images = rt[2] - rt[1]; k = 0
+            for (i = 1; i <= NF; i++) if ($i == "rel") { rel[++k] = $(i + 1); fpw[k] = 0 }
+            # Which of the pages of the record were logged whole.
+            line = $0; k2 = 0; whole = 0
+            while (match(line, /rel [0-9\/]+ (fork [a-z]+ )?blk [0-9]+( FPW)?/)) {
+                ref = substr(line, RSTART, RLENGTH); k2++
+                if (ref ~ /FPW$/) { fpw[k2] = 1; whole++ }
+                line = substr(line, RSTART + RLENGTH)
+            }
+            for (i = 1; i <= k2; i++) if (fpw[i]) { split(rel[i], p, "/"); bytes[p[3]] += images / whole }
+        }
+        END { for (f in bytes) print f, bytes[f] }' >"$data/images"
+    if [ -s "$data/images" ]; then
+        echo "full-page images by relation, bytes per cycle:"
+        while read -r filenode image_bytes; do
+            name=$(psql_db -c "SELECT coalesce((SELECT relname FROM pg_class WHERE relfilenode = $filenode), 'relfilenode $filenode')")
+            printf '  %-40s %10.1f\n' "$name" "$(awk -v b="$image_bytes" -v n="$cycles" 'BEGIN { print b / n }')"
+        done < <(sort -k2 -nr "$data/images" | head -8)
+    fi
+fi
