@@ -100,6 +100,10 @@ fn machine_seconds() -> (f64, f64) {
 /// and WAL bytes from the WAL insert position, both exact at any moment;
 /// WAL records and flushes from `pg_stat_wal`, which backends report up to
 /// a second late (ten when they fall idle), so those two are approximate.
+/// The last checkpoint's redo position tells whether one began during the
+/// run: PostgreSQL then logs each page whole the first time it changes,
+/// and the run's WAL bytes count those images (bench/wal/breakdown.sh
+/// measures them apart).
 #[derive(Clone, Copy, Default)]
 struct Database {
     commits: i64,
@@ -107,6 +111,7 @@ struct Database {
     wal_records: i64,
     wal_bytes: i64,
     wal_syncs: i64,
+    checkpoint_redo: Option<i64>,
 }
 
 async fn database(client: &tokio_postgres::Client) -> Option<Database> {
@@ -130,12 +135,23 @@ async fn database(client: &tokio_postgres::Client) -> Option<Database> {
         .await
         .ok()
         .map(|row| row.get(0));
+    // Only where the role may read the control file (a superuser, or one
+    // granted pg_control_checkpoint).
+    let checkpoint_redo = client
+        .query_one(
+            "SELECT pg_wal_lsn_diff(redo_lsn, '0/0')::bigint FROM pg_control_checkpoint()",
+            &[],
+        )
+        .await
+        .ok()
+        .map(|row| row.get(0));
     Some(Database {
         commits: row.get(0),
         wal_records: row.get(1),
         wal_bytes: row.get(2),
         wal_syncs: row.get(3),
         statements,
+        checkpoint_redo,
     })
 }
 
@@ -292,6 +308,13 @@ impl Meter {
             figures.push(("wal_bytes".into(), wal_bytes, 0));
             figures.push(("wal_records".into(), wal_records, 2));
             figures.push(("wal_flushes".into(), wal_flushes, 3));
+            if let (Some(ra), Some(rb)) = (a.checkpoint_redo, b.checkpoint_redo) {
+                let checkpoint = ra != rb;
+                if checkpoint {
+                    let _ = write!(human, " (a checkpoint began: page images included)");
+                }
+                figures.push(("checkpoint".into(), f64::from(u8::from(checkpoint)), 0));
+            }
             // Less this meter's own two statements.
             if let (Some(sa), Some(sb)) = (a.statements, b.statements) {
                 let statements = per(sa - sb - 2);
