@@ -8,7 +8,7 @@
 # what breakdown.sh said) when a run fails.
 #
 # By default a steady state: 100,000 cycles on a table that already holds a
-# million records, a checkpoint every 20,000 cycles, random keys (about 15
+# million records, a checkpoint every 20,000 cycles, random keys (10 to 15
 # minutes on two cores). Every setting of breakdown.sh applies to both
 # runs, so `CYCLES=8000 PRELOAD=0 CHECKPOINT_EVERY=0 KEYS=ordered` measures
 # its default (no checkpoint, an almost empty table) instead.

@@ -8,10 +8,10 @@
 -- Keys are the prefix and counters, in order (the counters padded to one
 -- width, so that no two keys of a run are alike), unless p_random_keys:
 -- then a random UUID each, as many callers send them, so that each new key
--- lands on a leaf page of the primary key anywhere in it. With p_checkpoint_every,
--- a checkpoint every that many cycles (after the batch that reaches it), so
--- that the first change of each page after it is logged whole, as a running
--- PostgreSQL does every checkpoint_timeout.
+-- lands on a leaf page of the primary key anywhere in it. With
+-- p_checkpoint_every, a checkpoint every that many cycles (after the batch
+-- that reaches it), so that the first change of each page after it is
+-- logged whole, as a running PostgreSQL does every checkpoint_timeout.
 CREATE OR REPLACE PROCEDURE wal_cycles(p_cycles integer, p_batch integer, p_prefix text,
                                        p_checkpoint_every integer DEFAULT 0,
                                        p_random_keys boolean DEFAULT false)
