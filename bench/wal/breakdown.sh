@@ -145,23 +145,21 @@ if [ "${BY_RELATION:-1}" = 1 ]; then
     as_owner "'$bin/pg_waldump' -p '$data/db/pg_wal' -s $start -e $end" |
         awk '/ FPW/ {
             split($0, len, /len \(rec\/tot\): */); split(len[2], rt, /[\/,] */)
-            images = rt[2] - rt[1]; k = 0
-            for (i = 1; i <= NF; i++) if ($i == "rel") { rel[++k] = $(i + 1); fpw[k] = 0 }
-            # Which of the pages of the record were logged whole.
-            line = $0; k2 = 0; whole = 0
+            # The relation file of each page logged whole ("rel T/D/F ... FPW").
+            line = $0; whole = 0
             while (match(line, /rel [0-9\/]+ (fork [a-z]+ )?blk [0-9]+( FPW)?/)) {
-                ref = substr(line, RSTART, RLENGTH); k2++
-                if (ref ~ /FPW$/) { fpw[k2] = 1; whole++ }
-                line = substr(line, RSTART + RLENGTH)
+                ref = substr(line, RSTART, RLENGTH); line = substr(line, RSTART + RLENGTH)
+                if (ref ~ /FPW$/) { split(ref, word, " "); split(word[2], p, "/"); file[++whole] = p[3] }
             }
-            for (i = 1; i <= k2; i++) if (fpw[i]) { split(rel[i], p, "/"); bytes[p[3]] += images / whole }
+            for (i = 1; i <= whole; i++) bytes[file[i]] += (rt[2] - rt[1]) / whole
         }
-        END { for (f in bytes) print f, bytes[f] }' >"$data/images"
+        END { for (f in bytes) printf "(%s,%.0f),", f, bytes[f] }' >"$data/images"
     if [ -s "$data/images" ]; then
         echo "full-page images by relation, bytes per cycle:"
-        while read -r filenode image_bytes; do
-            name=$(psql_db -c "SELECT coalesce((SELECT relname FROM pg_class WHERE relfilenode = $filenode), 'relfilenode $filenode')")
-            printf '  %-40s %10.1f\n' "$name" "$(awk -v b="$image_bytes" -v n="$cycles" 'BEGIN { print b / n }')"
-        done < <(sort -k2 -nr "$data/images" | head -8)
+        psql_db -F ' ' -c "SELECT coalesce(c.relname, 'relfilenode ' || i.f), round(i.b::numeric / $cycles, 1)
+                             FROM (VALUES $(sed 's/,$//' "$data/images")) i(f, b)
+                             LEFT JOIN pg_class c ON c.relfilenode = i.f
+                            ORDER BY i.b DESC LIMIT 8" |
+            awk '{ printf "  %-40s %10s\n", $1, $2 }'
     fi
 fi
