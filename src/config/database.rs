@@ -15,14 +15,17 @@ use crate::store::StoreConfig;
 pub const DEFAULT_POOL_SIZE: usize = 16;
 /// How long a call waits for a database connection before UNAVAILABLE.
 pub const DEFAULT_CONNECT_WAIT: Duration = Duration::from_secs(1);
-/// Connections all calls share, their statements pipelined (measured best
-/// on 2 cores; see README); 0: a pooled connection per call.
-pub const DEFAULT_SHARED_CONNECTIONS: usize = 2;
+/// Connections all calls share, their statements pipelined; 0: a pooled
+/// connection per call. One: the batch workers' statements then run one
+/// after another on one database session, each sent before the one ahead
+/// has landed (docs/performance.md, "Two batches, one connection").
+pub const DEFAULT_SHARED_CONNECTIONS: usize = 1;
 /// Acquires (or Completes) that one statement carries at most when they
 /// arrive together; 1: each runs alone.
 pub const DEFAULT_BATCH_SIZE: usize = 64;
-/// One batch at a time: see docs/performance.md, "One batch worker".
-pub const DEFAULT_BATCH_WORKERS: usize = 1;
+/// Two batches out at a time, the second no smaller than the first: see
+/// docs/performance.md, "Two batches, one connection".
+pub const DEFAULT_BATCH_WORKERS: usize = 2;
 /// Memory for SUCCEEDED records that replays are answered from, in MiB.
 pub const DEFAULT_REPLAY_CACHE_MIB: u64 = 8;
 /// How long one statement may take before the call answers UNAVAILABLE.
@@ -65,18 +68,21 @@ pub struct StatementArgs {
     #[arg(long, env = "IDEMPOTENCY_SHARED_CONNECTIONS", default_value_t = DEFAULT_SHARED_CONNECTIONS)]
     pub shared_connections: usize,
 
-    /// Acquires and Completes that arrive while every batch worker is busy
-    /// share one statement and one commit, up to this many (1: each runs
-    /// alone). Needs --shared-connections above 0; a batch never waits for
-    /// company.
+    /// Acquires and Completes that arrive together share one statement and
+    /// one commit, up to this many (1: each runs alone). Needs
+    /// --shared-connections above 0. A batch goes out at once while no other
+    /// is out; behind one that is, it waits until it carries as many calls,
+    /// or until that one is answered.
     #[arg(long, env = "IDEMPOTENCY_BATCH_SIZE", default_value_t = DEFAULT_BATCH_SIZE,
           value_parser = TypedValueParser::map(clap::value_parser!(u16).range(1..=1000), usize::from))]
     pub batch_size: usize,
 
-    /// Batches running at once (0: two per shared connection). One, the
-    /// default, makes the biggest batches: the fewest commits and the least
-    /// database CPU per call, while calls queue during each commit; more
-    /// keep the database busy while each batch waits for its commit, for a
+    /// Batches out at once (0: two per shared connection). Two, the
+    /// default, on one shared connection: the second is sent while the
+    /// first runs, so the database starts it the moment the first commits,
+    /// and it waits to carry as many calls as the first, so the calls are
+    /// not split into ever smaller batches. One makes each batch wait for the last to be
+    /// answered; more, on more connections, run batches side by side, for a
     /// database with cores to spare.
     #[arg(long, env = "IDEMPOTENCY_BATCH_WORKERS", default_value_t = DEFAULT_BATCH_WORKERS)]
     pub batch_workers: usize,
