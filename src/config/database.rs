@@ -71,8 +71,8 @@ pub struct StatementArgs {
     /// Acquires and Completes that arrive together share one statement and
     /// one commit, up to this many (1: each runs alone). Needs
     /// --shared-connections above 0. A batch goes out at once while no other
-    /// is out; behind one that is, it waits until it carries as many calls,
-    /// or until that one is answered.
+    /// is out; behind one that is, once it carries as many calls (if that
+    /// one has been out under 20 ms), or else when that one is answered.
     #[arg(long, env = "IDEMPOTENCY_BATCH_SIZE", default_value_t = DEFAULT_BATCH_SIZE,
           value_parser = TypedValueParser::map(clap::value_parser!(u16).range(1..=1000), usize::from))]
     pub batch_size: usize,
@@ -81,8 +81,9 @@ pub struct StatementArgs {
     /// default, on one shared connection: the second is sent while the
     /// first runs, so the database starts it the moment the first commits,
     /// and it waits to carry as many calls as the first, so the calls are
-    /// not split into ever smaller batches. One makes each batch wait for the last to be
-    /// answered; more, on more connections, run batches side by side, for a
+    /// not split into ever smaller batches. One makes each batch wait for
+    /// the last to be answered; more, on more connections, run batches side
+    /// by side (each behind others waiting, as the second does), for a
     /// database with cores to spare.
     #[arg(long, env = "IDEMPOTENCY_BATCH_WORKERS", default_value_t = DEFAULT_BATCH_WORKERS)]
     pub batch_workers: usize,

@@ -8,10 +8,10 @@
 //!   a worker takes whatever calls are queued the moment they arrive: an
 //!   idle server runs each call alone, at once. Behind a batch that is out,
 //!   the next (two workers by default, on one shared connection, so it is
-//!   pipelined behind the first) goes once it carries as many calls, or
-//!   when the one ahead is answered, whichever is first (`take`): the
-//!   database starts it the moment the first commits, and calls still
-//!   share commits. No call waits longer than with one worker.
+//!   pipelined behind the first) goes once it carries as many calls, if
+//!   the one ahead has been out only briefly, or else when the one ahead
+//!   is answered (`take`): the database starts it the moment the first
+//!   commits, and calls still share commits.
 //! - **Durable before answered.** A caller hears its answer only after the
 //!   batch's statement returned, and the statement returns after its commit.
 //! - **Rows locked in one order.** Calls are ordered by (tenant, scope,

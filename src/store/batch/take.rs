@@ -1,60 +1,108 @@
-//! When the next batch goes out, and with which calls: at once while no
-//! batch is out; behind one that is, once it carries as many calls, or
-//! when the one ahead is answered (`take`). `Flight` counts the calls of
-//! the batches out.
+//! When the next batch goes out, and with which calls (`take`): at once
+//! while no batch is out; behind one that is, once it carries as many
+//! calls, as long as the one ahead has been out only briefly; otherwise
+//! when the one ahead is answered. `Flight` keeps the batches out.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex as Plain;
+use std::time::Duration;
 
-use tokio::sync::{Mutex, mpsc};
+use tokio::sync::{Mutex, Notify, mpsc};
+use tokio::time::Instant;
 
 use super::Pending;
 
-/// The calls of the batches that have gone out and not yet landed (been
-/// answered, or left to a connection that stopped answering), and a signal
-/// each time one lands: what a worker that would send another batch
-/// behind them waits on (`take`).
+/// How long a batch may have been out for the next to be sent behind it.
+/// Sending early saves the database the server's turnaround between two
+/// statements, a fraction of a millisecond; behind a statement out longer
+/// than this (one waiting on row locks, or on a connection that stopped
+/// answering) that saving is nothing, and the calls sent there would wait
+/// for it, up to `--query-timeout`, instead of hearing UNAVAILABLE after
+/// their connect wait as calls still queued do.
+pub(super) const PIPELINE_WINDOW: Duration = Duration::from_millis(20);
+
+/// The batches that have gone out and not yet landed (been answered, or
+/// left to a connection that stopped answering), and a signal each time
+/// one lands: what a worker that would send another batch behind them
+/// waits on (`take`).
 #[derive(Default)]
 pub(super) struct Flight {
-    calls: AtomicUsize,
-    landed: tokio::sync::Notify,
+    out: Plain<Out>,
+    landed: Notify,
+}
+
+#[derive(Default)]
+struct Out {
+    /// The calls they carry.
+    calls: usize,
+    /// When each went out.
+    since: Vec<Instant>,
 }
 
 impl Flight {
-    /// Counts `calls` in flight until the returned guard is dropped.
+    /// Counts a batch of `calls` out until the returned guard is dropped.
     pub(super) fn board(&self, calls: usize) -> Boarded<'_> {
-        self.calls.fetch_add(calls, Ordering::AcqRel);
+        let since = Instant::now();
+        let mut out = self.out();
+        out.calls += calls;
+        out.since.push(since);
         Boarded {
             flight: self,
             calls,
+            since,
         }
+    }
+
+    /// The calls out, and when the first of their batches went out.
+    fn state(&self) -> (usize, Option<Instant>) {
+        let out = self.out();
+        (out.calls, out.since.iter().min().copied())
+    }
+
+    fn out(&self) -> std::sync::MutexGuard<'_, Out> {
+        // Every critical section is plain arithmetic; a poisoned lock still
+        // holds consistent counts.
+        self.out
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
-/// A batch's calls counted in flight; dropping it lands them.
+/// A batch counted out; dropping it lands it.
 pub(super) struct Boarded<'a> {
     flight: &'a Flight,
     calls: usize,
+    since: Instant,
 }
 
 impl Drop for Boarded<'_> {
     fn drop(&mut self) {
-        self.flight.calls.fetch_sub(self.calls, Ordering::AcqRel);
+        {
+            let mut out = self.flight.out();
+            out.calls -= self.calls;
+            if let Some(at) = out.since.iter().position(|s| *s == self.since) {
+                out.since.swap_remove(at);
+            }
+        }
         self.flight.landed.notify_waiters();
     }
 }
 
 /// Takes the next batch's calls into `batch`; `false` once the queue has
-/// closed. One worker at a time takes: all that are queued (up to `max`),
-/// at once when no batch is in flight, so that an idle database gets each
-/// call the moment it arrives. Behind a batch in flight, it waits until
-/// as many calls are queued as the batches in flight carry, or until one
-/// of them lands, whichever is first: the batch then goes out before the
-/// one ahead has landed (on one shared connection, it is pipelined behind
-/// it, and the database starts it the moment the other commits, without
-/// waiting for this server's turnaround), yet going out early does not
-/// split the calls into ever smaller batches, each with a commit of its
-/// own. A call waits no longer than it would with a single worker, which
-/// sends nothing before its batch lands.
+/// closed. One worker at a time takes: all that are queued (up to `max`).
+///
+/// - With no batch out, at once: an idle database gets each call the
+///   moment it arrives.
+/// - Behind batches out, once as many calls are queued as they carry,
+///   while the first of them has been out less than [`PIPELINE_WINDOW`]:
+///   the batch then goes before the one ahead has landed (on one shared
+///   connection it is pipelined behind it, and the database starts it
+///   the moment the other commits, without waiting for this server's
+///   turnaround), yet going early does not split the calls into ever
+///   smaller batches, each with a commit of its own.
+/// - Otherwise when one of the batches out lands, with every call queued
+///   by then: no later than a single worker would have sent them, and a
+///   call that waits longer than its connect wait meanwhile hears
+///   UNAVAILABLE, never having run.
 pub(super) async fn take<C>(
     receiver: &Mutex<mpsc::UnboundedReceiver<Pending<C>>>,
     batch: &mut Vec<Pending<C>>,
@@ -66,19 +114,34 @@ pub(super) async fn take<C>(
         return false;
     }
     loop {
-        // Listening before reading the count, so that a batch landing in
+        // Listening before reading the state, so that a batch landing in
         // between is not missed.
         let landed = flight.landed.notified();
         tokio::pin!(landed);
         landed.as_mut().enable();
-        let flying = flight.calls.load(Ordering::Acquire);
-        if flying == 0 || batch.len() >= flying.min(max) {
+        let (out, first_since) = flight.state();
+        let Some(first_since) = first_since.filter(|_| out > 0) else {
+            return true;
+        };
+        if batch.len() >= out.min(max) && first_since.elapsed() < PIPELINE_WINDOW {
             return true;
         }
         let room = max - batch.len();
+        if room == 0 {
+            landed.await;
+            return true;
+        }
         tokio::select! {
             taken = receiver.recv_many(batch, room) => if taken == 0 { return true },
-            () = &mut landed => {}
+            () = &mut landed => {
+                while batch.len() < max {
+                    match receiver.try_recv() {
+                        Ok(pending) => batch.push(pending),
+                        Err(_) => break,
+                    }
+                }
+                return true;
+            }
         }
     }
 }
@@ -86,16 +149,12 @@ pub(super) async fn take<C>(
 #[cfg(test)]
 mod tests {
     use std::pin::pin;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
     use std::task::Poll;
 
     use futures::poll;
-
-    use std::sync::Arc;
-    use std::sync::atomic::AtomicBool;
-    use std::time::Duration;
-
     use tokio::sync::oneshot;
-    use tokio::time::Instant;
 
     use super::*;
 
@@ -123,7 +182,7 @@ mod tests {
         }
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn with_no_batch_out_a_call_goes_at_once() {
         let (sender, receiver) = queue();
         let flight = Flight::default();
@@ -133,7 +192,7 @@ mod tests {
         assert_eq!(batch.len(), 1);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn behind_a_batch_out_the_next_waits_until_it_carries_as_many_calls() {
         let (sender, receiver) = queue();
         let flight = Flight::default();
@@ -152,7 +211,7 @@ mod tests {
         assert_eq!(batch.len(), 5, "it takes every call queued by then");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn the_next_batch_goes_when_the_one_ahead_lands_however_small() {
         let (sender, receiver) = queue();
         let flight = Flight::default();
@@ -169,7 +228,7 @@ mod tests {
         assert_eq!(batch.len(), 1);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_full_batch_goes_whatever_is_out() {
         let (sender, receiver) = queue();
         let flight = Flight::default();
@@ -180,7 +239,7 @@ mod tests {
         assert_eq!(batch.len(), 8);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_closed_queue_ends_the_worker_and_a_waiting_batch_still_goes() {
         let (sender, receiver) = queue();
         let flight = Flight::default();
@@ -192,5 +251,43 @@ mod tests {
         assert_eq!(batch.len(), 1, "the call taken before the close runs");
         batch.clear();
         assert!(!take(&receiver, &mut batch, 64, &flight).await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn when_the_one_ahead_lands_the_next_takes_every_call_queued_by_then() {
+        let (sender, receiver) = queue();
+        let flight = Flight::default();
+        let out = flight.board(4);
+        let mut batch = Vec::new();
+        send(&sender, 1);
+        let taken = {
+            let mut next = pin!(take(&receiver, &mut batch, 64, &flight));
+            assert!(poll!(next.as_mut()).is_pending());
+            drop(out);
+            send(&sender, 2);
+            poll!(next.as_mut())
+        };
+        assert_eq!(taken, Poll::Ready(true));
+        assert_eq!(batch.len(), 3);
+    }
+
+    /// A statement out that long may be on a connection that stopped
+    /// answering: calls are not sent after it.
+    #[tokio::test(start_paused = true)]
+    async fn behind_a_batch_out_longer_than_the_window_the_next_waits_for_it_to_land() {
+        let (sender, receiver) = queue();
+        let flight = Flight::default();
+        let out = flight.board(2);
+        tokio::time::advance(PIPELINE_WINDOW + Duration::from_millis(1)).await;
+        let mut batch = Vec::new();
+        send(&sender, 5);
+        let taken = {
+            let mut next = pin!(take(&receiver, &mut batch, 4, &flight));
+            assert!(poll!(next.as_mut()).is_pending(), "a full batch waits too");
+            drop(out);
+            poll!(next.as_mut())
+        };
+        assert_eq!(taken, Poll::Ready(true));
+        assert_eq!(batch.len(), 4, "no more than the batch size");
     }
 }

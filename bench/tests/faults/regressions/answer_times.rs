@@ -36,9 +36,27 @@ fn later_than(history: &History, since_us: i64, limit: Duration) -> (Duration, V
 /// own (longer) deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_calls_queued_behind_stuck_batches_answer_after_connect_wait() {
+    queued_behind_stuck_batches(2, &[], "c").await;
+}
+
+/// (c2) The same with one batch stuck and a worker free, before the
+/// health probe has found the connection dead (it probes every 10 s
+/// here): the calls that come later are not sent behind the stuck batch
+/// on its connection, where they would wait for --query-timeout, but wait
+/// for it to land, and hear UNAVAILABLE after --connect-wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_calls_are_not_sent_behind_a_stuck_batch() {
+    queued_behind_stuck_batches(1, &["--health-interval", "10s"], "c2").await;
+}
+
+/// `stuck` calls sent into a cut network, then ten more 300 ms later:
+/// those answer UNAVAILABLE within --connect-wait and a second.
+async fn queued_behind_stuck_batches(stuck: usize, more_flags: &[&'static str], label: &str) {
     let _turn = serial().await;
     let connect_wait = Duration::from_millis(500);
-    let (env, _monitor) = ready_env(&["--connect-wait", "500ms", "--query-timeout", "5s"]).await;
+    let mut flags = vec!["--connect-wait", "500ms", "--query-timeout", "5s"];
+    flags.extend_from_slice(more_flags);
+    let (env, _monitor) = ready_env(&flags).await;
     let (client, history) = warm_client(&env).await;
     let deadline = Duration::from_secs(8);
     let acquire = |key: String| {
@@ -54,7 +72,7 @@ async fn regression_calls_queued_behind_stuck_batches_answer_after_connect_wait(
     };
     env.proxy.set(Mode::Blackhole);
     // The first calls take the batch workers into the cut network.
-    let stuck: Vec<_> = (0..2).map(|i| acquire(format!("stuck-{i}"))).collect();
+    let stuck: Vec<_> = (0..stuck).map(|i| acquire(format!("stuck-{i}"))).collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let queued_at = now_us();
     let queued: Vec<_> = (0..10).map(|i| acquire(format!("queued-{i}"))).collect();
@@ -68,7 +86,7 @@ async fn regression_calls_queued_behind_stuck_batches_answer_after_connect_wait(
     let limit = connect_wait + Duration::from_secs(1);
     let (slowest, problems) = later_than(&history, queued_at, limit);
     println!(
-        "REGRESSION c: the slowest queued call answered after {slowest:?} (connect-wait {connect_wait:?}, deadline {deadline:?})"
+        "REGRESSION {label}: the slowest queued call answered after {slowest:?} (connect-wait {connect_wait:?}, deadline {deadline:?})"
     );
     assert_none("calls queued behind stuck batches", &problems);
 }
