@@ -15,17 +15,16 @@ use crate::store::StoreConfig;
 pub const DEFAULT_POOL_SIZE: usize = 16;
 /// How long a call waits for a database connection before UNAVAILABLE.
 pub const DEFAULT_CONNECT_WAIT: Duration = Duration::from_secs(1);
-/// Connections all calls share, their statements pipelined; 0: a pooled
-/// connection per call. One: the batch workers' statements then run one
-/// after another on one database session, each sent before the one ahead
-/// has landed (docs/performance.md, "Two batches, one connection").
-pub const DEFAULT_SHARED_CONNECTIONS: usize = 1;
+/// Connections all calls share, their statements pipelined (measured best
+/// on 2 cores; see README); 0: a pooled connection per call.
+pub const DEFAULT_SHARED_CONNECTIONS: usize = 2;
 /// Acquires (or Completes) that one statement carries at most when they
 /// arrive together; 1: each runs alone.
 pub const DEFAULT_BATCH_SIZE: usize = 64;
-/// Two batches out at a time, the second no smaller than the first: see
-/// docs/performance.md, "Two batches, one connection".
-pub const DEFAULT_BATCH_WORKERS: usize = 2;
+/// One batch at a time: the fewest commits and the least database CPU per
+/// call wherever several replicas share the database (docs/performance.md,
+/// "One batch worker" and "Two batches, one connection").
+pub const DEFAULT_BATCH_WORKERS: usize = 1;
 /// Memory for SUCCEEDED records that replays are answered from, in MiB.
 pub const DEFAULT_REPLAY_CACHE_MIB: u64 = 8;
 /// How long one statement may take before the call answers UNAVAILABLE.
@@ -77,14 +76,17 @@ pub struct StatementArgs {
           value_parser = TypedValueParser::map(clap::value_parser!(u16).range(1..=1000), usize::from))]
     pub batch_size: usize,
 
-    /// Batches out at once (0: two per shared connection). Two, the
-    /// default, on one shared connection: the second is sent while the
-    /// first runs, so the database starts it the moment the first commits,
-    /// and it waits to carry as many calls as the first, so the calls are
-    /// not split into ever smaller batches. One makes each batch wait for
-    /// the last to be answered; more, on more connections, run batches side
-    /// by side (each behind others waiting, as the second does), for a
-    /// database with cores to spare.
+    /// Batches out at once (0: two per shared connection). One, the
+    /// default, sends each batch after the last was answered: the biggest
+    /// batches, the fewest commits and the least database CPU per call,
+    /// while the database waits for the server between batches. Two with
+    /// --shared-connections 1, for a replica that has its database to
+    /// itself: the second is sent while the first runs, so the database
+    /// starts it the moment the first commits, and it waits to carry as
+    /// many calls as the first; where several replicas share a database,
+    /// their batches get smaller and cost it more. More, on more
+    /// connections, run batches side by side, for a database with cores to
+    /// spare.
     #[arg(long, env = "IDEMPOTENCY_BATCH_WORKERS", default_value_t = DEFAULT_BATCH_WORKERS)]
     pub batch_workers: usize,
 

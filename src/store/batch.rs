@@ -6,12 +6,13 @@
 //!
 //! - **Waits for company only behind another batch.** With no batch out,
 //!   a worker takes whatever calls are queued the moment they arrive: an
-//!   idle server runs each call alone, at once. Behind a batch that is out,
-//!   the next (two workers by default, on one shared connection, so it is
-//!   pipelined behind the first) goes once it carries as many calls, if
-//!   the one ahead has been out only briefly, or else when the one ahead
-//!   is answered (`take`): the database starts it the moment the first
-//!   commits, and calls still share commits.
+//!   idle server runs each call alone, at once. With one worker (the
+//!   default) nothing else is ever out. With more, the next batch behind
+//!   one that is out (on one shared connection, pipelined behind it) goes
+//!   once it carries as many calls, if the one ahead has been out only
+//!   briefly, or else when the one ahead is answered (`take`): the
+//!   database starts it the moment the first commits, and calls still
+//!   share commits.
 //! - **Durable before answered.** A caller hears its answer only after the
 //!   batch's statement returned, and the statement returns after its commit.
 //! - **Rows locked in one order.** Calls are ordered by (tenant, scope,

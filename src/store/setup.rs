@@ -116,9 +116,10 @@ impl Store {
                 let settings = batch::Settings {
                     mux: Arc::clone(mux),
                     clock: clock.clone(),
-                    // Two by default, on one shared connection: the
-                    // second pipelined behind the first, as large as it
-                    // (batch::take, docs/performance.md).
+                    // One worker by default: the biggest batches, the
+                    // fewest commits; more keep the database busy while
+                    // each waits for its commit, each behind another as
+                    // large as it (batch::take, docs/performance.md).
                     workers: match config.batch_workers {
                         0 => 2 * config.shared_connections,
                         n => n,

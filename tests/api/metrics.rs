@@ -338,10 +338,10 @@ fn assert_cache_batches_and_database(s: &Scrape) {
     assert_eq!(errors.len(), 6, "every kind, at zero: {errors:?}");
     assert!(errors.iter().all(|(_, v)| *v == 0.0), "{errors:?}");
     assert_eq!(s.get("idempotency_db_pool_max_size", &[]), 5.0);
-    assert_eq!(s.get("idempotency_db_shared_connections", &[]), 1.0);
+    assert_eq!(s.get("idempotency_db_shared_connections", &[]), 2.0);
     assert_eq!(
         s.get("idempotency_db_shared_connections_connected", &[]),
-        1.0
+        2.0
     );
     assert_eq!(s.get("idempotency_batch_queued_calls", &[]), 0.0);
 }
