@@ -68,3 +68,44 @@ async fn with_a_pooled_connection_per_call_the_race_still_grants_one_lease() {
         .into_inner();
     assert_eq!(decision(&replay), Decision::AlreadyDone);
 }
+
+/// Two batches out at a time on one connection (`--batch-workers 2
+/// --shared-connections 1`), each behind the other: the race grants one
+/// lease, its holder's Complete is replayed to every later caller, and a
+/// second race of many fresh keys beside it grants one lease each.
+#[tokio::test]
+async fn with_two_batches_pipelined_on_one_connection_races_still_grant_one_lease() {
+    let app = spawn_app_with(|c| {
+        c.store.shared_connections = 1;
+        c.store.batch_workers = 2;
+    })
+    .await;
+    let keys: Vec<String> = (0..40).map(|i| format!("fresh-{i}")).collect();
+    let fresh = join_all(keys.iter().map(|key| {
+        let mut c = app.client.clone();
+        async move { c.acquire(acquire("race", key)).await.unwrap().into_inner() }
+    }));
+    let (holder, fresh) = futures::join!(race(&app, "pipelined"), fresh);
+    assert!(
+        fresh.iter().all(|a| decision(a) == Decision::Proceed),
+        "every fresh key granted"
+    );
+    let mut c = app.client.clone();
+    complete_ok(
+        &mut c,
+        complete("race", "pipelined", &token(&holder), success(b"ok")),
+    )
+    .await;
+    let replays = join_all((0..20).map(|_| {
+        let mut c = app.client.clone();
+        async move {
+            c.acquire(acquire("race", "pipelined"))
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    }))
+    .await;
+    assert!(replays.iter().all(|a| decision(a) == Decision::AlreadyDone));
+    assert_eq!(app.db.count_records().await, 41);
+}

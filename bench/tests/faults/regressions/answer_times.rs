@@ -39,14 +39,23 @@ async fn regression_calls_queued_behind_stuck_batches_answer_after_connect_wait(
     queued_behind_stuck_batches(2, &[], "c").await;
 }
 
-/// (c2) The same with one batch stuck and a worker free, before the
-/// health probe has found the connection dead (it probes every 10 s
-/// here): the calls that come later are not sent behind the stuck batch
-/// on its connection, where they would wait for --query-timeout, but wait
-/// for it to land, and hear UNAVAILABLE after --connect-wait.
+/// (c2) With two batch workers on one connection, one batch stuck and a
+/// worker free, before the health probe has found the connection dead (it
+/// probes every 10 s here): the calls that come later are not sent behind
+/// the stuck batch on its connection, where they would wait for
+/// --query-timeout, but wait for it to land, and hear UNAVAILABLE after
+/// --connect-wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_calls_are_not_sent_behind_a_stuck_batch() {
-    queued_behind_stuck_batches(1, &["--health-interval", "10s"], "c2").await;
+    let flags = [
+        "--health-interval",
+        "10s",
+        "--batch-workers",
+        "2",
+        "--shared-connections",
+        "1",
+    ];
+    queued_behind_stuck_batches(1, &flags, "c2").await;
 }
 
 /// `stuck` calls sent into a cut network, then ten more 300 ms later:
