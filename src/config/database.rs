@@ -85,8 +85,8 @@ pub struct StatementArgs {
     /// starts it the moment the first commits, and it waits to carry as
     /// many calls as the first; where several replicas share a database,
     /// their batches get smaller and cost it more. More, on more
-    /// connections, run batches side by side, for a database with cores to
-    /// spare.
+    /// connections, run batches side by side, each waiting until it carries
+    /// as many calls as are out, for a database with cores to spare.
     #[arg(long, env = "IDEMPOTENCY_BATCH_WORKERS", default_value_t = DEFAULT_BATCH_WORKERS)]
     pub batch_workers: usize,
 

@@ -88,12 +88,13 @@ impl Drop for Boarded<'_> {
 }
 
 /// Takes the next batch's calls into `batch`; `false` once the queue has
-/// closed. One worker at a time takes: all that are queued (up to `max`).
+/// closed (calls already taken then go at once). One worker at a time
+/// takes: all that are queued (up to `max`).
 ///
 /// - With no batch out, at once: an idle database gets each call the
 ///   moment it arrives.
-/// - Behind batches out, once as many calls are queued as they carry,
-///   while the first of them has been out less than [`PIPELINE_WINDOW`]:
+/// - Behind batches out, once as many calls are queued as they carry
+///   (or `max`), while the first of them has been out less than [`PIPELINE_WINDOW`]:
 ///   the batch then goes before the one ahead has landed (on one shared
 ///   connection it is pipelined behind it, and the database starts it
 ///   the moment the other commits, without waiting for this server's
@@ -212,7 +213,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_full_batch_goes_whatever_is_out() {
+    async fn a_full_batch_goes_however_many_are_out_while_the_first_is_recent() {
         let (sender, receiver) = queue();
         let flight = Flight::default();
         let _out = flight.board(100);
