@@ -52,10 +52,11 @@ impl Flight {
         }
     }
 
-    /// The calls out, and when the first of their batches went out.
-    fn state(&self) -> (usize, Option<Instant>) {
+    /// The calls out, and when the first of their batches went out; `None`
+    /// with no batch out (every batch boarded carries a call).
+    fn state(&self) -> Option<(usize, Instant)> {
         let out = self.out();
-        (out.calls, out.since.iter().min().copied())
+        Some((out.calls, out.since.iter().min().copied()?))
     }
 
     fn out(&self) -> std::sync::MutexGuard<'_, Out> {
@@ -120,8 +121,7 @@ pub(super) async fn take<C>(
         let landed = flight.landed.notified();
         tokio::pin!(landed);
         landed.as_mut().enable();
-        let (out, first_since) = flight.state();
-        let Some(first_since) = first_since.filter(|_| out > 0) else {
+        let Some((out, first_since)) = flight.state() else {
             return true;
         };
         if batch.len() >= out.min(max) && first_since.elapsed() < PIPELINE_WINDOW {
