@@ -5,13 +5,27 @@
 -- call of idempotency_call_batch), which every release has, so that the
 -- same script measures an older tree too. Loaded by bench/wal/breakdown.sh.
 --
--- Keys are the prefix and counters, in order (the counters padded to one
--- width, so that no two keys of a run are alike), unless p_random_keys:
--- then a random UUID each, as many callers send them, so that each new key
--- lands on a leaf page of the primary key anywhere in it. With
--- p_checkpoint_every, a checkpoint every that many cycles (after the batch
--- that reaches it), so that the first change of each page after it is
--- logged whole, as a running PostgreSQL does every checkpoint_timeout.
+-- Keys come from wal_key. With p_checkpoint_every, a checkpoint every that
+-- many cycles (after the batch that reaches it), so that the first change
+-- of each page after it is logged whole, as a running PostgreSQL does
+-- every checkpoint_timeout.
+
+-- The key of call p_position (from 1) of batch p_batch_no (from 0) of a run
+-- of p_cycles cycles in batches of p_batch: the prefix and the two
+-- counters, in order (each counter padded to one width for the run, so that
+-- no two keys of a run are alike), unless p_random: then a random UUID, as
+-- many callers send them, so that each new key lands on a leaf page of the
+-- primary key anywhere in it.
+CREATE OR REPLACE FUNCTION wal_key(p_prefix text, p_batch_no integer, p_position integer,
+                                   p_cycles integer, p_batch integer, p_random boolean)
+RETURNS text LANGUAGE sql VOLATILE AS $$
+    SELECT CASE WHEN p_random THEN gen_random_uuid()::text
+                ELSE format('%s-%s-%s', p_prefix,
+                            lpad(p_batch_no::text, greatest(5, length((p_cycles / p_batch)::text)), '0'),
+                            lpad(p_position::text, greatest(2, length(p_batch::text)), '0'))
+           END
+$$;
+
 CREATE OR REPLACE PROCEDURE wal_cycles(p_cycles integer, p_batch integer, p_prefix text,
                                        p_checkpoint_every integer DEFAULT 0,
                                        p_random_keys boolean DEFAULT false)
@@ -24,11 +38,7 @@ BEGIN
     FOR i IN 0 .. p_cycles / p_batch - 1 LOOP
         -- In ascending order, bytewise, as the server sorts a batch's calls.
         SELECT array_agg(k ORDER BY k COLLATE "C") INTO v_keys
-          FROM (SELECT CASE WHEN p_random_keys THEN gen_random_uuid()::text
-                            ELSE format('%s-%s-%s', p_prefix,
-                                        lpad(i::text, greatest(5, length((p_cycles / p_batch)::text)), '0'),
-                                        lpad(g::text, greatest(2, length(p_batch::text)), '0'))
-                       END AS k
+          FROM (SELECT wal_key(p_prefix, i, g, p_cycles, p_batch, p_random_keys) AS k
                   FROM generate_series(1, p_batch) g) keys;
         SELECT array_agg((b.rec).lease_token ORDER BY b.ord) INTO v_tokens
           FROM idempotency_acquire_batch(
@@ -73,11 +83,7 @@ DECLARE
     v_token uuid;
 BEGIN
     FOR i IN 0 .. p_cycles / p_batch * p_batch - 1 LOOP
-        v_key := CASE WHEN p_random_keys THEN gen_random_uuid()::text
-                      ELSE format('%s-%s-%s', p_prefix,
-                                  lpad((i / p_batch)::text, greatest(5, length((p_cycles / p_batch)::text)), '0'),
-                                  lpad((i % p_batch + 1)::text, greatest(2, length(p_batch::text)), '0'))
-                 END;
+        v_key := wal_key(p_prefix, i / p_batch, i % p_batch + 1, p_cycles, p_batch, p_random_keys);
         SELECT token INTO v_token
           FROM limit_acquire('tenant', 'payments', v_key, repeat('f', 64), 900);
         COMMIT;
