@@ -64,6 +64,13 @@ const DEFAULT_BASE_RETRY_SECONDS: u64 = 60;
 /// record reads back as CONFLICT.
 const CONFLICT_PREFIX: &str = "CONFLICT: ";
 
+/// `/acquire` without a key. In n8n the commonest cause is a Webhook
+/// trigger's data: it puts the POST body under `body`.
+const ACQUIRE_KEY_HINT: &str = "is required: the business ID to run once, such as an order number (in n8n, a Webhook trigger puts the POST body under body: {{ $json.body.unique_id }}, not {{ $json.unique_id }})";
+/// `/complete` without a key. In n8n, on an error branch `$json` is the
+/// error, and a Webhook trigger's fields are under `body`.
+const COMPLETE_KEY_HINT: &str = "is required: send the key the Acquire was for (in n8n, on an error branch $json is the error, so take the key from the node that received it, e.g. {{ $('Webhook').item.json.body.unique_id }} for a Webhook trigger)";
+
 /// The old API's wait before retry number `attempt_count + 1`.
 pub fn backoff_seconds(base: u64, attempt_count: u64) -> u64 {
     let factor = 1u64 << attempt_count.min(MAX_BACKOFF_EXPONENT);
@@ -209,7 +216,9 @@ async fn try_acquire(
     };
     let acquire = AcquireRequest {
         scope: fields.string("scope")?.unwrap_or_default(),
-        key: fields.string("idempotency_key")?.unwrap_or_default(),
+        key: fields
+            .string("idempotency_key")?
+            .ok_or_else(|| field("idempotency_key", ACQUIRE_KEY_HINT))?,
         request_fingerprint: fields
             .string("payload_fingerprint")?
             .map(RequestFingerprint::Fingerprint),
@@ -320,12 +329,9 @@ async fn try_complete(
     // The fields are read: the body's share of the budget goes back.
     drop(body);
     let scope = fields.required("scope")?;
-    let key = fields.string("idempotency_key")?.ok_or_else(|| {
-        field(
-            "idempotency_key",
-            "is required: send the key the Acquire was for (in n8n, on an error branch $json is the error, so take the key from the node that received it, e.g. {{ $('Webhook').item.json.id }})",
-        )
-    })?;
+    let key = fields
+        .string("idempotency_key")?
+        .ok_or_else(|| field("idempotency_key", COMPLETE_KEY_HINT))?;
     let final_status = match fields.required("final_status")?.as_str() {
         "DONE" => FinalStatus::Done,
         "FAILED" => FinalStatus::Failed,

@@ -350,9 +350,23 @@ async fn the_workflow_routes_take_numeric_keys_and_ignore_fields_they_do_not_rea
     assert_eq!(status, 400, "{refused}");
     let said = refused["error"].as_str().unwrap_or_default();
     assert!(
-        said.contains("idempotency_key") && said.contains("$('"),
+        said.contains("idempotency_key") && said.contains("$('") && said.contains(".body."),
         "{refused}"
     );
+
+    // An n8n Webhook trigger puts the POST body under `body`: an Acquire
+    // built with `{{ $json.unique_id }}` renders an empty key, and hears
+    // where the key is.
+    let (status, _, refused) = post(
+        &http,
+        &format!("{url}/acquire"),
+        &json!({"scope": "orders", "idempotency_key": ""}),
+    )
+    .await;
+    assert_eq!(status, 400, "{refused}");
+    assert_eq!(refused["field"], "idempotency_key", "{refused}");
+    let said = refused["error"].as_str().unwrap_or_default();
+    assert!(said.contains("$json.body.unique_id"), "{refused}");
 }
 
 /// A `/complete` that carries no token reads the key's lease through
