@@ -302,3 +302,105 @@ async fn a_failed_work_leaves_no_row_and_its_failure_recorded() {
     assert_eq!(record.status(), Status::Failed);
     assert_eq!(record.last_error, "the card was declined");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_killed_before_its_commit_leaves_nothing_and_the_retry_inserts_one_row() {
+    let app = App::start().await;
+    let client = app.client().await;
+    let key = fresh_key();
+    let options = RunOptions {
+        lease_ttl: Duration::from_secs(1),
+        heartbeat: Heartbeat::Off,
+        // B asks again rather than wait out a whole window.
+        wait: Duration::from_secs(1),
+        ..RunOptions::default()
+    };
+    // A: its statements run, then the process dies before its commit. To
+    // PostgreSQL a killed process is a connection that closed: its backend
+    // is terminated, and A's calls stop where they are.
+    let (inserted, row_in) = oneshot::channel();
+    let mut pg_a = app.connection().await;
+    let backend: i32 = pg_a
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let a = {
+        let (client, key, options) = (client.clone(), key.clone(), options.clone());
+        tokio::spawn(async move {
+            let mut tx = pg_a.transaction().await.unwrap();
+            let _ = client
+                .in_database(InDatabase::default())
+                .run_once_in_transaction(
+                    &mut tx,
+                    "orders.place",
+                    &key,
+                    Fingerprint::None,
+                    &options,
+                    async |tx, _lease| -> Result<String, WorkError<String>> {
+                        place_order(tx, &key, "A").await?;
+                        inserted.send(()).unwrap();
+                        std::future::pending().await
+                    },
+                )
+                .await;
+        })
+    };
+    within("A's insert", Duration::from_secs(10), row_in)
+        .await
+        .unwrap();
+    a.abort();
+    let admin = app.connection().await;
+    admin
+        .execute("SELECT pg_terminate_backend($1)", &[&backend])
+        .await
+        .unwrap();
+    eventually("A's backend to end", Duration::from_secs(10), || {
+        let admin = &admin;
+        async move {
+            let left: i64 = admin
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+                    &[&backend],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            (left == 0).then_some(())
+        }
+    })
+    .await;
+    assert!(app.orders(&key).await.is_empty(), "A's row died with it");
+
+    // B retries once A's lease has run out.
+    let done = eventually("B's retry to run the work", Duration::from_secs(15), || {
+        let (app, client, key, options) = (&app, &client, &key, &options);
+        async move {
+            let mut pg = app.connection().await;
+            let mut tx = pg.transaction().await.unwrap();
+            let outcome = client
+                .in_database(InDatabase::default())
+                .run_once_in_transaction(
+                    &mut tx,
+                    "orders.place",
+                    key,
+                    Fingerprint::None,
+                    options,
+                    async |tx, _lease| place_order(tx, key, "B").await,
+                )
+                .await;
+            tx.commit().await.unwrap();
+            match outcome {
+                Ok(done) => Some(done),
+                Err(RunOnceError::InProgress { .. }) => None,
+                Err(other) => panic!("B: {other}"),
+            }
+        }
+    })
+    .await;
+    assert!(!done.replayed, "B ran the work");
+    assert_eq!(app.orders(&key).await, ["B"], "exactly one row, B's");
+    let record = record(&app.server, "orders.place", &key).await;
+    assert_eq!(record.status(), Status::Succeeded);
+    assert_eq!(record.attempt_count, 2);
+}
