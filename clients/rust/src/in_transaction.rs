@@ -88,8 +88,9 @@ impl DatabaseClient<'_> {
     /// then the record's row is locked by `tx`, so no other caller can take
     /// over (a takeover waits for the commit, then replays). If the commit
     /// fails, nothing happened: the lease runs out and the key's next
-    /// caller runs the work. Commit promptly: waiting Acquires hold a
-    /// coordinator connection each until then.
+    /// caller runs the work. Commit promptly: an Acquire on this key, and
+    /// the calls the coordinator batched with it, wait on that lock until
+    /// then (so do not call the coordinator again before committing `tx`).
     ///
     /// On every `Err` the savepoint was rolled back, so the work's writes
     /// are gone and `tx` may still commit the caller's other writes. A
