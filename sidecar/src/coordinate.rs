@@ -269,7 +269,8 @@ fn answer(
             error @ (RunOnceError::LeaseLost
             | RunOnceError::NotRecorded { .. }
             | RunOnceError::Codec(_)
-            | RunOnceError::Call(_)),
+            | RunOnceError::Call(_)
+            | RunOnceError::Database(_)),
         ) => unrecorded(proxy, &error, kept),
     }
 }

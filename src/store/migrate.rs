@@ -123,6 +123,10 @@ pub const FUNCTIONS: &[FunctionFile] = &[
         sql: include_str!("../../sql/functions/complete.sql"),
     },
     FunctionFile {
+        name: "complete_in_tx",
+        sql: include_str!("../../sql/functions/complete_in_tx.sql"),
+    },
+    FunctionFile {
         name: "extend_lease",
         sql: include_str!("../../sql/functions/extend_lease.sql"),
     },

@@ -24,6 +24,7 @@ mod health;
 mod helpers;
 mod hostile;
 mod http;
+mod in_transaction;
 mod metrics;
 mod migrations;
 mod replays;

@@ -16,6 +16,7 @@ mod polling;
 mod process;
 
 mod errors;
+mod in_transaction;
 mod lost_reply;
 mod run_once;
 mod support;

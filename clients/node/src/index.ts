@@ -1,5 +1,7 @@
 export { createClient, DEFAULT_CALL_TIMEOUT_MS } from "./client.js";
 export type { ClientOptions, CoordinatorClient, TlsOptions } from "./client.js";
+export { runOnceInTransaction } from "./in-transaction.js";
+export type { InTransactionOptions, SqlConnection } from "./in-transaction.js";
 export {
   runOnce,
   isRetryable,

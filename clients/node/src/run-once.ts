@@ -148,6 +148,7 @@ export async function runOnce<T>(
   client: CoordinatorClient,
   options: RunOnceOptions<T>,
   work: Work<T>,
+  inTransaction?: InTransaction,
 ): Promise<RunOnceOutcome<T>> {
   const leaseTtlMs = options.leaseTtlMs ?? DEFAULT_LEASE_TTL_MS;
   const waitMs = options.waitMs ?? DEFAULT_WAIT_MS;
@@ -186,11 +187,16 @@ export async function runOnce<T>(
   switch (response.decision) {
     case Decision.PROCEED: {
       if (response.lease === undefined) throw new Error("Acquire answered PROCEED without a lease");
-      return holdLease(client, options, work, codec, response.lease, record, {
-        leaseTtlMs,
-        heartbeatMs,
-        maxRetries,
-      });
+      return holdLease(
+        client,
+        options,
+        work,
+        codec,
+        response.lease,
+        record,
+        { leaseTtlMs, heartbeatMs, maxRetries },
+        inTransaction,
+      );
     }
     case Decision.ALREADY_DONE: {
       const result = record.result;
@@ -210,6 +216,21 @@ export async function runOnce<T>(
   }
 }
 
+/**
+ * Where the work runs and its success is stored when the completion runs in
+ * the caller's own transaction (`in-transaction.ts`) instead of a Complete.
+ */
+export interface InTransaction {
+  /** Opens the savepoint the work runs in. */
+  begin(): Promise<void>;
+  /** Rolls the savepoint back (the work's writes are gone). */
+  rollback(): Promise<void>;
+  /** Stores the success in the savepoint, releases it, and returns the record as it left it. */
+  complete(token: string, result: Uint8Array, contentType: string, record: CoordinatorRecord): Promise<CoordinatorRecord>;
+  /** The CoordinatorError a refused completion stands for, or undefined for any other failure. */
+  refusal(error: unknown): CoordinatorError | undefined;
+}
+
 /** The shortest ExtendLease the server accepts. */
 const MIN_EXTENSION_MS = 1000;
 
@@ -221,6 +242,7 @@ async function holdLease<T>(
   lease: Lease,
   record: CoordinatorRecord,
   settings: { leaseTtlMs: number; heartbeatMs: number | false; maxRetries: number },
+  inTransaction?: InTransaction,
 ): Promise<RunOnceOutcome<T>> {
   const { scope, key } = options;
   const token = lease.token;
@@ -289,6 +311,7 @@ async function holdLease<T>(
 
   let outcome: { ok: true; value: T } | { ok: false; error: unknown };
   try {
+    await inTransaction?.begin();
     outcome = { ok: true, value: await work(context) };
   } catch (error) {
     outcome = { ok: false, error };
@@ -296,6 +319,8 @@ async function holdLease<T>(
     await heartbeat?.stop();
     callerSignal?.removeEventListener("abort", onCallerAbort);
   }
+  // A failed (or fenced-off) work's writes never reach the caller's commit.
+  if (!outcome.ok || lost !== undefined) await inTransaction?.rollback().catch(() => undefined);
 
   const leaseLost = (error: CoordinatorError): LeaseLostOutcome<T> => ({
     kind: "lease_lost",
@@ -327,6 +352,23 @@ async function holdLease<T>(
       result = codec.encode(value);
     } catch (error) {
       outcome = { ok: false, error };
+    }
+    if (result !== undefined && inTransaction !== undefined) {
+      try {
+        const stored = await inTransaction.complete(token, result, codec.contentType, record);
+        return { kind: "done", value, replayed: false, record: stored };
+      } catch (error) {
+        await inTransaction.rollback().catch(() => undefined);
+        const refused = inTransaction.refusal(error);
+        if (refused?.code === Code.Aborted) return leaseLost(refused);
+        if (refused !== undefined) throw refused;
+        // The work's writes rolled back: nothing happened, give the key back.
+        await complete({ case: "release", value: {} }).catch(() => undefined);
+        throw error;
+      }
+    }
+    if (result === undefined && inTransaction !== undefined) {
+      await inTransaction.rollback().catch(() => undefined);
     }
     if (result !== undefined) {
       try {

@@ -218,6 +218,12 @@ pub enum RunOnceError<E, T> {
     /// the coordinator or its database unreachable.
     #[error("{0}")]
     Call(#[from] CallError),
+    /// A statement on the caller's own database connection failed in
+    /// `run_once_in_transaction` (the completion, or the savepoint around
+    /// the work): the work's writes were rolled back with it, and nothing
+    /// was recorded by this caller.
+    #[error("the caller's database: {0}")]
+    Database(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 #[cfg(test)]

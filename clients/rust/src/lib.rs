@@ -3,6 +3,8 @@
 mod client;
 mod codec;
 mod error;
+#[cfg(feature = "tokio-postgres")]
+mod in_transaction;
 mod lease;
 mod options;
 mod retry;
@@ -18,6 +20,8 @@ pub mod proto {
 pub use client::{Client, ClientOptions, ConnectError, TlsOptions, Transport, TransportError};
 pub use codec::{Codec, CodecError, Json, Raw};
 pub use error::{CallError, FieldViolation, RunOnceError, WorkError};
+#[cfg(feature = "tokio-postgres")]
+pub use in_transaction::{DatabaseClient, InDatabase};
 pub use lease::Lease;
 pub use options::{Heartbeat, RunOptions, WhenLeaseLost};
 pub use retry::Backoff;

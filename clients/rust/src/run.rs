@@ -153,7 +153,7 @@ impl Client {
 
     /// Acquire, retried with the same request id; and when the call that
     /// was answered was sent: the lease's expiry counts from about then.
-    async fn acquire_for_run(
+    pub(crate) async fn acquire_for_run(
         &self,
         request: &AcquireRequest,
         options: &RunOptions,
@@ -170,7 +170,7 @@ impl Client {
 }
 
 /// The Acquire of one `run_once`; a fresh request id unless one is given.
-fn acquire_request(
+pub(crate) fn acquire_request(
     scope: &str,
     key: &str,
     fingerprint: Fingerprint,
@@ -192,7 +192,7 @@ fn acquire_request(
 }
 
 /// What an Acquire's decision leaves `run_once` with.
-enum Acquired<T, E> {
+pub(crate) enum Acquired<T, E> {
     /// PROCEED: the lease, and the record as it stood.
     Granted {
         lease: crate::proto::Lease,
@@ -205,7 +205,7 @@ enum Acquired<T, E> {
 
 /// Reads an Acquire's answer: the lease it granted, or what `run_once`
 /// answers instead.
-fn decided<T, E, C>(codec: &C, response: AcquireResponse) -> Acquired<T, E>
+pub(crate) fn decided<T, E, C>(codec: &C, response: AcquireResponse) -> Acquired<T, E>
 where
     C: Codec<T> + ?Sized,
 {
@@ -254,7 +254,7 @@ where
 
 /// How often the lease is extended while the work runs; never a busy loop,
 /// whatever was asked.
-fn heartbeat_interval(options: &RunOptions) -> Option<Duration> {
+pub(crate) fn heartbeat_interval(options: &RunOptions) -> Option<Duration> {
     match options.heartbeat {
         Heartbeat::Auto => Some(options.lease_ttl / 3),
         Heartbeat::Every(interval) => Some(interval),
@@ -265,7 +265,7 @@ fn heartbeat_interval(options: &RunOptions) -> Option<Duration> {
 
 /// The Complete the work's `outcome` calls for, and what `run_once`
 /// answers once it is sent.
-fn completion<T, E, C>(
+pub(crate) fn completion<T, E, C>(
     codec: &C,
     outcome: Result<T, WorkError<E>>,
 ) -> (Outcome, Result<T, RunOnceError<E, T>>)

@@ -14,6 +14,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar
 import grpc
 
 from . import _common as c
+from . import _in_tx
 from ._errors import CoordinatorError, LeaseLost
 from ._proto.idempotency.v1 import coordinator_pb2 as pb
 from ._proto.idempotency.v1 import coordinator_pb2_grpc as pb_grpc
@@ -298,6 +299,9 @@ class Client:
         fingerprint: Optional[str] = None,
         payload: Optional[bytes] = None,
         json_payload: Any = None,
+        connection: Any = None,
+        tenant: str = "default",
+        schema: Optional[str] = None,
         **options: Any,
     ) -> "c.RunResult[T]":
         """Run ``work`` once for (scope, key) across every caller.
@@ -306,7 +310,20 @@ class Client:
         run); raises :class:`InProgress`, :class:`RetryLater`,
         :class:`Conflict`, :class:`Exhausted` or :class:`LeaseLost` for the
         other outcomes, :class:`CoordinatorError` for failed calls, and the
-        work's own exception when it raised (after recording the failure)."""
+        work's own exception when it raised (after recording the failure).
+
+        With ``connection`` (a psycopg 3 connection to the database that
+        holds the coordinator's records), the work runs inside
+        ``connection.transaction()`` and its result is stored there by
+        ``idempotency_complete_in_tx``: the work's writes on ``connection``
+        and the record's SUCCEEDED commit together. Inside the caller's own
+        transaction that block is a savepoint and the caller commits;
+        otherwise it is a transaction committed when the block ends. A
+        holder whose lease was taken over gets :class:`LeaseLost` and its
+        writes roll back. ``tenant`` is the tenant the coordinator files the
+        caller's records under (``default`` without authentication);
+        ``schema`` the schema it was installed into, when the session's
+        search_path does not list it (docs/in-transaction.md)."""
         if inspect.iscoroutinefunction(work):
             raise TypeError("run async work with AsyncClient")
         opts = self.options.merged(**options)
@@ -324,6 +341,8 @@ class Client:
             return c.replay(resp, opts)
         if resp.decision != pb.DECISION_PROCEED:
             c.raise_outcome(resp, scope, key)
+        if connection is not None:
+            return self._run_in_transaction(scope, key, work, resp, opts, connection, tenant, schema)
         return self._run(scope, key, work, resp, opts)
 
     def _run(
@@ -361,6 +380,62 @@ class Client:
             c.unrecorded(err, value)
             raise
         return c.RunResult(value=value, replayed=False, record=done.record, lease=c.lease_info(resp.lease))
+
+    def _run_in_transaction(
+        self,
+        scope: str,
+        key: str,
+        work: Callable[[LeaseContext], T],
+        resp: pb.AcquireResponse,
+        opts: c.Options,
+        connection: Any,
+        tenant: str,
+        schema: Optional[str],
+    ) -> "c.RunResult[T]":
+        ctx = LeaseContext(self, scope, key, resp.lease, resp.record.checkpoint, opts)
+        if opts.heartbeat:
+            self._heartbeats.schedule(ctx, opts.interval)
+        token = c.set_current(ctx)
+        completing = False
+        try:
+            with connection.transaction():
+                value = work(ctx)
+                if inspect.isawaitable(value):
+                    if inspect.iscoroutine(value):
+                        value.close()
+                    raise TypeError("the work returned an awaitable: run async work with AsyncClient")
+                complete = c.success_request(scope, key, ctx.token, value, opts)
+                # The heartbeat ends before the completion takes the row lock.
+                ctx._stopped.set()
+                completing = True
+                _in_tx.complete(connection, tenant, schema, complete)
+        except Exception as exc:
+            ctx._stopped.set()
+            if not completing:
+                if ctx.lost.is_set():
+                    raise (ctx.lost_reason or c.lease_lost(scope, key)) from exc
+                self._fail(scope, key, ctx.token, exc, opts)
+                raise
+            refused = _in_tx.refusal(exc, scope, key)
+            if refused is not None:
+                raise refused from exc
+            # The work's writes rolled back: nothing happened, give the key back.
+            self._release(scope, key, ctx.token, opts)
+            raise
+        finally:
+            ctx._stopped.set()
+            c.reset_current(token)
+        record = _in_tx.succeeded(resp.record, complete)
+        return c.RunResult(value=value, replayed=False, record=record, lease=c.lease_info(resp.lease))
+
+    def _release(self, scope: str, key: str, token: str, opts: c.Options) -> None:
+        """Give the lease back at once (best effort: if this fails too, the
+        lease runs out)."""
+        req = pb.CompleteRequest(scope=scope, key=key, lease_token=token, release=pb.Release())
+        try:
+            self._call(self.stub.Complete, req, opts, opts.timeout)
+        except CoordinatorError as err:
+            log.warning("could not release %s/%s: %s", scope, key, err)
 
     def _fail(self, scope: str, key: str, token: str, exc: Exception, opts: c.Options) -> None:
         """Record the work's failure (its exception is raised again by the

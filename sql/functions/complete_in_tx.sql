@@ -1,0 +1,112 @@
+-- idempotency_complete_in_tx: the holder of p_token stores its result
+-- inside its own open transaction, beside the writes that are its work
+-- (docs/in-transaction.md). The application calls it on its own
+-- connection, after its writes and before its COMMIT, so that the writes
+-- and the record's SUCCEEDED commit or roll back together.
+--
+-- The decision is idempotency_complete's with outcome SUCCESS (it runs
+-- that function, so it takes the same row lock and makes the same
+-- checks); every answer but OK raises, so that the caller's transaction,
+-- its work included, cannot commit:
+--
+-- SQLSTATE | DETAIL            | when
+-- IK001    | RECORD_NOT_FOUND  | no row, or past expires_at
+-- IK002    | LEASE_LOST        | p_token is not the latest lease's token: another
+--          |                   | holder took over (fencing by the row lock)
+-- IK003    | ALREADY_COMPLETED | the holder already completed with a failure or
+--          |                   | a release
+-- 22023    | the argument      | an argument is NULL or over its limit (as
+--          |                   | Complete's: content type 255 characters, result
+--          |                   | reference 2048, result 1 MiB, the server's
+--          |                   | default --max-result-bytes)
+-- 0A000    |                   | the records table is distributed by Citus
+--
+-- OK returns the record's status, fencing token, completion and expiry. A
+-- repeated call with the same token after SUCCESS is OK and changes
+-- nothing. The "this row changed" NOTIFY of a watched record is sent by
+-- PostgreSQL at COMMIT, and not at all on ROLLBACK: waiters on every
+-- replica wake when the result is really there.
+--
+-- The clock offset is 0: tests move the server's clock, not this one.
+-- search_path is the one the schema was installed with (`migrate` run with
+-- `options=-c search_path=...` in its URL installs the schema elsewhere than
+-- `public`), so that an application whose session does not list that schema
+-- calls it qualified and it still finds the records table and
+-- idempotency_complete.
+CREATE OR REPLACE FUNCTION idempotency_complete_in_tx(
+    p_tenant       text,
+    p_scope        text,
+    p_key          text,
+    p_token        uuid,
+    p_result       bytea,
+    p_content_type text,
+    p_status_code  integer,
+    p_result_ref   text
+)
+RETURNS TABLE (status text, fencing_token bigint, completed_at timestamptz, expires_at timestamptz)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_outcome     text;
+    v_distributed boolean := false;
+BEGIN
+    IF p_tenant IS NULL OR p_scope IS NULL OR p_key IS NULL OR p_token IS NULL
+       OR p_result IS NULL OR p_content_type IS NULL OR p_status_code IS NULL
+       OR p_result_ref IS NULL THEN
+        RAISE EXCEPTION 'idempotency_complete_in_tx: % must not be NULL',
+            CASE WHEN p_tenant IS NULL THEN 'p_tenant'
+                 WHEN p_scope IS NULL THEN 'p_scope'
+                 WHEN p_key IS NULL THEN 'p_key'
+                 WHEN p_token IS NULL THEN 'p_token'
+                 WHEN p_result IS NULL THEN 'p_result'
+                 WHEN p_content_type IS NULL THEN 'p_content_type'
+                 WHEN p_status_code IS NULL THEN 'p_status_code'
+                 ELSE 'p_result_ref' END
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF char_length(p_content_type) > 255 THEN
+        RAISE EXCEPTION 'idempotency_complete_in_tx: p_content_type must be at most 255 characters, got %',
+            char_length(p_content_type)
+            USING ERRCODE = 'invalid_parameter_value', DETAIL = 'p_content_type';
+    END IF;
+    IF char_length(p_result_ref) > 2048 THEN
+        RAISE EXCEPTION 'idempotency_complete_in_tx: p_result_ref must be at most 2048 characters, got %',
+            char_length(p_result_ref)
+            USING ERRCODE = 'invalid_parameter_value', DETAIL = 'p_result_ref';
+    END IF;
+    IF octet_length(p_result) > 1048576 THEN
+        RAISE EXCEPTION 'idempotency_complete_in_tx: p_result is % bytes, more than the limit of 1048576 bytes; store it elsewhere and pass p_result_ref',
+            octet_length(p_result)
+            USING ERRCODE = 'invalid_parameter_value', DETAIL = 'p_result';
+    END IF;
+    IF to_regclass('pg_dist_partition') IS NOT NULL THEN
+        EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_dist_partition
+                                 WHERE logicalrelid = ''idempotency_keys''::regclass)'
+           INTO v_distributed;
+    END IF;
+    IF v_distributed THEN
+        RAISE EXCEPTION 'idempotency_complete_in_tx: the records table is distributed by Citus; complete in the application''s transaction only on plain PostgreSQL'
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Use Complete (gRPC or HTTP) on Citus.';
+    END IF;
+
+    SELECT c.outcome, (c.rec).status, (c.rec).fencing_token, (c.rec).completed_at,
+           (c.rec).expires_at
+      INTO v_outcome, status, fencing_token, completed_at, expires_at
+      FROM idempotency_complete(p_tenant, p_scope, p_key, p_token, 'SUCCESS',
+                                p_result, p_content_type, p_status_code, p_result_ref,
+                                '', false, NULL, 0, 0, 0) c;
+    IF v_outcome = 'NOT_FOUND' THEN
+        RAISE EXCEPTION 'idempotency_complete_in_tx: no record for this key (it expired, or was never acquired)'
+            USING ERRCODE = 'IK001', DETAIL = 'RECORD_NOT_FOUND';
+    ELSIF v_outcome = 'LEASE_LOST' THEN
+        RAISE EXCEPTION 'idempotency_complete_in_tx: the lease is no longer this caller''s: another holder took over; nothing of this transaction may commit'
+            USING ERRCODE = 'IK002', DETAIL = 'LEASE_LOST';
+    ELSIF v_outcome = 'ALREADY_COMPLETED' THEN
+        RAISE EXCEPTION 'idempotency_complete_in_tx: this lease was already completed with another outcome'
+            USING ERRCODE = 'IK003', DETAIL = 'ALREADY_COMPLETED';
+    END IF;
+    RETURN NEXT;
+END;
+$$;
