@@ -10,12 +10,16 @@
 //! leaves the credentials in force as they were, and so does an empty file
 //! (unless empty is allowed) or one that does not end with a newline (read
 //! while being written: replace the file by renaming a new one over it).
+//! A reload that removes a credential (or gives its token to another
+//! tenant or role) ends what it holds open: each long-lived stream waits on
+//! a [`Revocation`] of the credential it was opened with.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+use tokio::sync::watch;
 use tonic::metadata::MetadataMap;
 
 use crate::domain::{Scope, Tenant};
@@ -147,10 +151,14 @@ impl Credentials {
     /// The caller a token belongs to. Every entry is compared, in constant
     /// time, whether or not an earlier one matched.
     fn find(&self, token: &str) -> Option<&Caller> {
-        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        self.find_digest(&Sha256::digest(token.as_bytes()).into())
+    }
+
+    /// The caller a token's digest belongs to, compared as in [`Self::find`].
+    fn find_digest(&self, digest: &[u8; 32]) -> Option<&Caller> {
         let mut found = None;
         for entry in &self.entries {
-            if bool::from(entry.digest.ct_eq(&digest)) {
+            if bool::from(entry.digest.ct_eq(digest)) {
                 found = Some(&entry.caller);
             }
         }
@@ -167,7 +175,66 @@ pub enum Authenticator {
         /// A file without credentials is accepted (everyone is refused).
         allow_empty: bool,
         current: RwLock<Arc<Credentials>>,
+        /// Counts the reloads that took effect, so that what a credential
+        /// holds open can look again whether it still stands.
+        reloads: watch::Sender<u64>,
     },
+}
+
+/// What ends a stream when its credential is revoked: a reload after
+/// which the token no longer names the caller it named when the stream
+/// opened.
+pub struct Revocation {
+    /// The authenticator, reloaded on SIGHUP.
+    auth: Arc<Authenticator>,
+    /// The token's SHA-256 (never the token); `None` with authentication off.
+    digest: Option<[u8; 32]>,
+    /// Who the token named when the stream opened.
+    caller: Caller,
+    /// Tells of each reload; `None` with authentication off (nothing to
+    /// revoke).
+    reloads: Option<watch::Receiver<u64>>,
+}
+
+impl Revocation {
+    /// Returns once the credential is revoked; never with authentication
+    /// off. Cancel-safe: a `select!` may drop it and call it again.
+    pub async fn revoked(&mut self) {
+        loop {
+            let Some(reloads) = self.reloads.as_mut() else {
+                return std::future::pending().await;
+            };
+            if reloads.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            if !self.stands() {
+                return;
+            }
+        }
+    }
+
+    /// Whether the token still names the caller it named.
+    pub fn stands(&self) -> bool {
+        let Authenticator::Tokens { current, .. } = self.auth.as_ref() else {
+            return true;
+        };
+        let Some(digest) = &self.digest else {
+            return false;
+        };
+        let credentials = Arc::clone(&current.read().unwrap_or_else(|e| e.into_inner()));
+        credentials.find_digest(digest) == Some(&self.caller)
+    }
+}
+
+/// The bearer token of a call's headers.
+fn bearer_token(headers: &http::HeaderMap) -> Option<&str> {
+    headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())?
+        .split_once(' ')
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim())
+        .filter(|token| !token.is_empty())
 }
 
 impl Authenticator {
@@ -181,6 +248,7 @@ impl Authenticator {
                     current: RwLock::new(Arc::new(credentials)),
                     allow_empty,
                     path,
+                    reloads: watch::Sender::new(0),
                 }
             }
         })
@@ -203,16 +271,7 @@ impl Authenticator {
                 admin: true,
             });
         };
-        let value = headers
-            .get(http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .ok_or(AuthError::Missing)?;
-        let token = value
-            .split_once(' ')
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, token)| token.trim())
-            .filter(|token| !token.is_empty())
-            .ok_or(AuthError::Missing)?;
+        let token = bearer_token(headers).ok_or(AuthError::Missing)?;
         let credentials = Arc::clone(&current.read().unwrap_or_else(|e| e.into_inner()));
         credentials.find(token).cloned().ok_or(AuthError::Unknown)
     }
@@ -224,6 +283,7 @@ impl Authenticator {
             path,
             allow_empty,
             current,
+            reloads,
         } = self
         else {
             return Ok(0);
@@ -231,7 +291,26 @@ impl Authenticator {
         let fresh = Credentials::load(path, *allow_empty)?;
         let n = fresh.len();
         *current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(fresh);
+        reloads.send_modify(|count| *count += 1);
         Ok(n)
+    }
+
+    /// What ends a stream opened with `headers`' credential, which named
+    /// `caller`, when a reload revokes it.
+    pub fn revocation(self: &Arc<Self>, headers: &http::HeaderMap, caller: &Caller) -> Revocation {
+        let (digest, reloads) = match self.as_ref() {
+            Authenticator::Off => (None, None),
+            Authenticator::Tokens { reloads, .. } => (
+                bearer_token(headers).map(|t| Sha256::digest(t.as_bytes()).into()),
+                Some(reloads.subscribe()),
+            ),
+        };
+        Revocation {
+            auth: Arc::clone(self),
+            digest,
+            caller: caller.clone(),
+            reloads,
+        }
     }
 }
 

@@ -198,48 +198,65 @@ BEGIN
 END;
 $$;
 
--- idempotency_admin_summary: per scope of p_tenant, how many records are in
--- each state and how many are due, cheap on a table of any size:
+-- idempotency_admin_summary: a page of p_tenant's scopes (at most p_limit,
+-- in order, after p_after; '' from the first), and per scope how many
+-- records are in each state and how many are due, cheap on a table of any
+-- size and bounded however many scopes the tenant has:
 --
 -- - the scopes are found by skipping through the primary key, one index
---   descent per scope (a loose index scan), not by reading the records;
+--   descent per scope (a loose index scan), not by reading the records,
+--   and no more than a page of them;
 -- - PROCESSING, FAILED and FAILED_PERMANENT records, which a healthy
 --   system has few of, are counted exactly from their partial indexes
---   (idempotency_keys_leases, once for all scopes; _retries and
+--   (idempotency_keys_leases, once for the page's scopes; _retries and
 --   _failed_permanent per scope, index-only), with those whose lease ran
 --   out and whose retry is due;
 -- - all records of the scope are counted from the primary key up to p_cap
 --   (index-only); a scope with more says so (records_capped) rather than
 --   read them all. SUCCEEDED is what is left: exact below the cap, "at
---   least" above it. The table's size is estimated_rows, the planner's
---   estimate (pg_class.reltuples), which costs nothing.
+--   least" above it.
+--
+-- The table's size is not told: it is every tenant's.
 --
 -- A loop of small statements rather than one recursive query: each is a
 -- plain aggregate over one tenant and scope, which Citus also runs (across
 -- the shards, on the coordinator), where it refuses recursive queries and
 -- correlated subqueries on a distributed table. Counts include records
 -- past their expiry that the sweeper has not deleted yet.
+DROP FUNCTION IF EXISTS idempotency_admin_summary(text, integer, bigint);
 CREATE OR REPLACE FUNCTION idempotency_admin_summary(
     p_tenant          text,
+    p_after           text,
+    p_limit           integer,
     p_cap             integer,
     p_clock_offset_ms bigint
 )
 RETURNS TABLE (scope text, processing bigint, leases_expired bigint, failed bigint,
                retries_due bigint, failed_permanent bigint, records bigint,
-               records_capped boolean, estimated_rows bigint)
+               records_capped boolean)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_now   timestamptz := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
     v_scope      text;
+    v_last       text;
     v_all        bigint;
     v_processing jsonb;
+    v_scopes     text[] := '{}';
 BEGIN
-    SELECT greatest(c.reltuples, 0)::bigint INTO estimated_rows
-      FROM pg_class c WHERE c.oid = 'idempotency_keys'::regclass;
-    -- PROCESSING records are as many as the work in flight: all of them
-    -- (every tenant's) are read once, through idempotency_keys_leases (an
-    -- index of their own per tenant and scope would cost every Acquire an
-    -- insert).
+    SELECT min(k.scope) INTO v_scope FROM idempotency_keys k
+     WHERE k.tenant = p_tenant AND k.scope > p_after;
+    WHILE v_scope IS NOT NULL AND cardinality(v_scopes) < p_limit LOOP
+        v_scopes := v_scopes || v_scope;
+        SELECT min(k.scope) INTO v_scope FROM idempotency_keys k
+         WHERE k.tenant = p_tenant AND k.scope > v_scope;
+    END LOOP;
+    IF cardinality(v_scopes) = 0 THEN
+        RETURN;
+    END IF;
+    v_last := v_scopes[cardinality(v_scopes)];
+    -- PROCESSING records are as many as the work in flight: they are read
+    -- once, through idempotency_keys_leases (an index of their own per
+    -- tenant and scope would cost every Acquire an insert).
     SELECT coalesce(jsonb_object_agg(p.scope, jsonb_build_array(p.n, p.expired)), '{}')
       INTO v_processing
       FROM (WITH inflight AS MATERIALIZED (
@@ -251,10 +268,9 @@ BEGIN
             SELECT i.scope, count(*) AS n,
                    count(*) FILTER (WHERE i.lease_expires_at <= v_now) AS expired
               FROM inflight i
-             WHERE i.tenant = p_tenant
+             WHERE i.tenant = p_tenant AND i.scope > p_after AND i.scope <= v_last
              GROUP BY i.scope) p;
-    SELECT min(k.scope) INTO v_scope FROM idempotency_keys k WHERE k.tenant = p_tenant;
-    WHILE v_scope IS NOT NULL LOOP
+    FOREACH v_scope IN ARRAY v_scopes LOOP
         scope := v_scope;
         processing := coalesce((v_processing -> v_scope ->> 0)::bigint, 0);
         leases_expired := coalesce((v_processing -> v_scope ->> 1)::bigint, 0);
@@ -272,8 +288,6 @@ BEGIN
         records := least(v_all, p_cap::bigint);
         records_capped := v_all > p_cap;
         RETURN NEXT;
-        SELECT min(k.scope) INTO v_scope FROM idempotency_keys k
-         WHERE k.tenant = p_tenant AND k.scope > v_scope;
     END LOOP;
 END;
 $$;

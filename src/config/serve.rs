@@ -43,6 +43,19 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEMPOTENCY_CONSOLE", requires = "http_listen")]
     pub console: bool,
 
+    /// Host names the HTTP port answers to besides IP addresses and
+    /// localhost (comma-separated, port ignored, e.g.
+    /// `coordinator.internal,idem.example.com`): the console, and every
+    /// route without --auth-tokens, refuse another `Host` (421), so that a
+    /// web page whose name was rebound to this server cannot read or act.
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_HTTP_ALLOWED_HOSTS",
+        value_delimiter = ',',
+        requires = "http_listen"
+    )]
+    pub http_allowed_hosts: Vec<String>,
+
     /// Where the database is (or where a private one is started).
     #[command(flatten)]
     pub database: DatabaseArgs,
@@ -99,6 +112,9 @@ pub struct ServeConfig {
     pub http_listen: Option<SocketAddr>,
     /// The operator console is served on the HTTP door at /console/.
     pub console: bool,
+    /// Host names the HTTP port answers to besides IP addresses and
+    /// localhost (`--http-allowed-hosts`).
+    pub http_allowed_hosts: Vec<String>,
     /// How the store reaches PostgreSQL: URL, pool and shared connections,
     /// timeouts, replay cache.
     pub store: StoreConfig,
@@ -152,6 +168,7 @@ impl ServeConfig {
             listen,
             http_listen: None,
             console: false,
+            http_allowed_hosts: Vec::new(),
             store: StoreConfig::new(database_url),
             policy: Policy::default(),
             run_migrations: true,
@@ -185,6 +202,7 @@ impl From<ServeArgs> for ServeConfig {
             listen: a.listen,
             http_listen: a.http_listen,
             console: a.console,
+            http_allowed_hosts: a.http_allowed_hosts,
             store: a.statements.store(a.database.database_url, &a.pool),
             policy: a.policy.policy(),
             run_migrations: !a.statements.skip_migrations,

@@ -4,7 +4,42 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{Key, RecordId, Scope, Status, Tenant};
+use super::{InvalidInput, Key, RecordId, Scope, Status, Tenant};
+
+/// The longest operator's name recorded.
+pub const MAX_OPERATOR_CHARS: usize = 128;
+
+/// Characters an operator's name may hold besides letters and digits.
+const OPERATOR_PUNCTUATION: &[char] = &[' ', '.', '-', '_', '\'', '@'];
+
+/// Checks an operator's name, which is recorded after the credential in
+/// the actor (`credential sha256:…, operator <name>`): letters, digits,
+/// single spaces and `. - _ ' @`, at most [`MAX_OPERATOR_CHARS`]. Without
+/// `,` or `:` a name cannot read as another credential or a second
+/// operator, and without control characters it cannot break a log line.
+pub fn operator_name(name: &str) -> Result<(), InvalidInput> {
+    let chars = name.chars().count();
+    if chars > MAX_OPERATOR_CHARS {
+        return Err(InvalidInput(format!(
+            "must be at most {MAX_OPERATOR_CHARS} characters, got {chars}"
+        )));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !c.is_alphanumeric() && !OPERATOR_PUNCTUATION.contains(c))
+    {
+        return Err(InvalidInput(format!(
+            "may hold letters, digits, spaces and . - _ ' @ only, not {:?}",
+            c
+        )));
+    }
+    if name.starts_with(' ') || name.ends_with(' ') || name.contains("  ") {
+        return Err(InvalidInput(
+            "must not begin or end with a space, nor hold two in a row".to_owned(),
+        ));
+    }
+    Ok(())
+}
 
 /// An administrator's action on one record (`idempotency_admin_act`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,11 +141,22 @@ impl ScopeCounts {
     }
 }
 
-/// A tenant's counts per scope.
+/// A page of a tenant's scopes to count.
+#[derive(Debug, Clone)]
+pub struct SummaryQuery {
+    /// Whose records: the administrator's tenant.
+    pub tenant: Tenant,
+    /// Scopes after this one; `None`: from the first.
+    pub after: Option<Scope>,
+    /// At most this many scopes.
+    pub limit: u32,
+}
+
+/// A page of a tenant's counts per scope.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Summary {
     /// The tenant's scopes, in order.
     pub scopes: Vec<ScopeCounts>,
-    /// The whole table's size as the planner estimates it.
-    pub estimated_table_records: u64,
+    /// The scope to pass for the next page; `None` on the last.
+    pub next_after: Option<String>,
 }

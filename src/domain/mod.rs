@@ -7,7 +7,10 @@ mod input;
 mod policy;
 mod record;
 
-pub use admin::{AdminAction, AdminCommand, ListQuery, RecordLine, ScopeCounts, Summary};
+pub use admin::{
+    AdminAction, AdminCommand, ListQuery, MAX_OPERATOR_CHARS, RecordLine, ScopeCounts, Summary,
+    SummaryQuery, operator_name,
+};
 pub use input::{
     ErrorText, Fingerprint, InvalidInput, JsonValues, Key, LeaseToken, MAX_ERROR_CHARS, RequestId,
     Scope, Tenant, json_values_at_least,

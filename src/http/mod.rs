@@ -12,7 +12,8 @@
 //! - [`json`]: canonical JSON by reflection over the embedded descriptors;
 //! - `inprocess`: how the door makes a Coordinator call;
 //! - `refusal`: why the door refused a request ([`DoorError`]), as a status,
-//!   a JSON body, a log line and a metric.
+//!   a JSON body, a log line and a metric;
+//! - `hosts`: the `Host` names answered (against DNS rebinding).
 //!
 //! Every Coordinator call the door makes goes through the gRPC port's
 //! [`Admission`] in process, as a gRPC request (the caller's `authorization`
@@ -33,6 +34,7 @@
 pub mod connect;
 mod console;
 pub mod events;
+mod hosts;
 mod inprocess;
 pub mod json;
 mod refusal;
@@ -161,8 +163,23 @@ pub struct Door {
     max_body_bytes: usize,
     /// The longest a body may take to arrive.
     body_timeout: Duration,
-    /// The operator console is served at `/console/` (`--console`).
-    console: bool,
+    /// The operator console's sessions and failed logins, when it is
+    /// served at `/console/` (`--console`).
+    console: Option<console::Console>,
+    /// The port serves TLS: the console's cookies are `Secure` and its
+    /// answers carry HSTS.
+    tls: bool,
+    /// The `Host` names answered besides addresses and localhost.
+    hosts: hosts::AllowedHosts,
+}
+
+/// How the door guards browsers: TLS, and the host names it answers to.
+#[derive(Debug, Clone, Default)]
+pub struct DoorSecurity {
+    /// The HTTP port serves TLS (`--tls-cert`).
+    pub tls: bool,
+    /// `--http-allowed-hosts`.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Door {
@@ -172,6 +189,7 @@ impl Door {
         max_request_bytes: usize,
         body_timeout: Duration,
         console: bool,
+        security: DoorSecurity,
     ) -> Result<Arc<Self>, prost_reflect::DescriptorError> {
         Ok(Arc::new(Door {
             admission,
@@ -179,7 +197,9 @@ impl Door {
             schema: Schema::load()?,
             max_body_bytes: max_request_bytes.saturating_mul(2),
             body_timeout,
-            console,
+            console: console.then(console::Console::default),
+            tls: security.tls,
+            hosts: hosts::AllowedHosts::new(&security.allowed_hosts),
         }))
     }
 }
@@ -220,7 +240,11 @@ impl Door {
                 false => workflow::refuse(&e),
             };
         }
-        if self.console && path.starts_with(console::PREFIX) {
+        let console = self.console.is_some() && path.starts_with(console::PREFIX);
+        if (console || !self.auth.is_on()) && !self.hosts.allow(&request) {
+            return hosts::misdirected();
+        }
+        if console {
             return console::serve(&self, request, call).await;
         }
         if let Some(rpc) = path.strip_prefix(connect::SERVICE_PREFIX) {

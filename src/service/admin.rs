@@ -11,7 +11,7 @@ use super::{CoordinatorService, call_budget, call_time, encode};
 use crate::auth::Caller;
 use crate::domain::{
     AdminAction, AdminCommand, InvalidInput, Key, ListQuery, RecordId, Scope,
-    Status as RecordStatus,
+    Status as RecordStatus, SummaryQuery, operator_name,
 };
 use crate::error::{Error, Violation};
 use crate::proto;
@@ -19,12 +19,14 @@ use crate::store::CallTime;
 
 /// The longest reason recorded.
 const MAX_REASON_CHARS: usize = 1000;
-/// The longest operator's name recorded.
-const MAX_OPERATOR_CHARS: usize = 128;
 /// Records on a page unless the caller asks for another number.
 const DEFAULT_PAGE: u32 = 50;
 /// Records on a page at most.
 const MAX_PAGE: u32 = 500;
+/// Scopes on a page of Summarize unless the caller asks for another number.
+const DEFAULT_SCOPES: u32 = 100;
+/// Scopes on a page of Summarize at most: each costs a few index reads.
+const MAX_SCOPES: u32 = 500;
 
 /// Collects violations while fields are checked, named as in the proto.
 #[derive(Default)]
@@ -108,10 +110,7 @@ impl CoordinatorService {
             "target.reason",
             text(&target.reason, MAX_REASON_CHARS, reason_required),
         );
-        v.check(
-            "target.operator",
-            text(&target.operator, MAX_OPERATOR_CHARS, false),
-        );
+        v.check("target.operator", operator_name(&target.operator));
         let (Some(scope), Some(key), true) = (scope, key, v.0.is_empty()) else {
             return Err(Error::InvalidArgument(v.0));
         };
@@ -201,20 +200,49 @@ impl CoordinatorService {
         })
     }
 
-    /// The caller's tenant's counts per scope.
+    /// A page of the caller's tenant's counts per scope.
     pub(super) async fn admin_summary(
         &self,
         request: Request<proto::SummarizeRequest>,
     ) -> Result<proto::SummarizeResponse, Status> {
         let caller = self.admin(&request)?;
         let time = call_time(call_budget(&request));
+        let query = summary_query(caller, request.into_inner())?;
         let summary = self
             .store
-            .admin_summary(&caller.tenant, time)
+            .admin_summary(&query, time)
             .await
             .map_err(Error::from)?;
         Ok(encode::summary(summary))
     }
+}
+
+/// A Summarize request, validated.
+fn summary_query(caller: Caller, req: proto::SummarizeRequest) -> Result<SummaryQuery, Error> {
+    let mut v = Violations::default();
+    let after = if req.page_token.is_empty() {
+        None
+    } else {
+        v.check("page_token", Scope::try_from(req.page_token))
+    };
+    if req.page_size > MAX_SCOPES {
+        v.check::<()>(
+            "page_size",
+            Err(InvalidInput(format!("must be at most {MAX_SCOPES}"))),
+        );
+    }
+    if !v.0.is_empty() {
+        return Err(Error::InvalidArgument(v.0));
+    }
+    Ok(SummaryQuery {
+        tenant: caller.tenant,
+        after,
+        limit: if req.page_size == 0 {
+            DEFAULT_SCOPES
+        } else {
+            req.page_size
+        },
+    })
 }
 
 /// A ListRecords request, validated.

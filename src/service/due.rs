@@ -2,13 +2,16 @@
 //! offered to one subscriber at a time across all replicas (the offer is
 //! claimed in the database), offered again when the offer runs out without a
 //! new lease. When a subscriber goes away, whatever it was offered and did
-//! not act on is released for others at once.
+//! not act on is released for others at once. A feed ends, UNAUTHENTICATED,
+//! when a reload of the credentials revokes the credential it was opened
+//! with.
 
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tonic::Status;
 
+use crate::auth::Revocation;
 use crate::domain::{DueReason, DueRecord, Scope, Tenant};
 use crate::error::{Error, cause_chain};
 use crate::metrics;
@@ -43,11 +46,23 @@ fn due_record(due: DueRecord) -> proto::DueRecord {
     }
 }
 
-/// Feeds one subscriber until it goes away.
+/// How long a feed whose credential was revoked waits for room to say so.
+const REVOKED_SAY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Ends a feed whose credential was revoked: UNAUTHENTICATED after what the
+/// stream's buffer already holds (or, when the subscriber takes nothing
+/// for [`REVOKED_SAY_TIMEOUT`], by the stream's end).
+async fn end_revoked(records: &mpsc::Sender<Result<proto::DueRecord, Status>>) {
+    tracing::info!("due feed ended: its credential was revoked");
+    let refusal = Status::unauthenticated("the credential was revoked");
+    let _ = tokio::time::timeout(REVOKED_SAY_TIMEOUT, records.send(Err(refusal))).await;
+}
+
+/// Feeds one subscriber until it goes away or its credential is revoked.
 pub async fn feed(
     store: Store,
     mut announcements: DueSubscription,
-    tenant: Tenant,
+    (tenant, mut revocation): (Tenant, Revocation),
     scope: Scope,
     config: FeedConfig,
     records: mpsc::Sender<Result<proto::DueRecord, Status>>,
@@ -59,8 +74,16 @@ pub async fn feed(
             // The subscriber is behind: claim nothing until it takes a record.
             tokio::select! {
                 _ = records.closed() => break,
+                () = revocation.revoked() => {
+                    end_revoked(&records).await;
+                    break;
+                }
                 permit = records.reserve() => drop(permit),
             }
+        }
+        if !revocation.stands() {
+            end_revoked(&records).await;
+            break;
         }
         let room = records.capacity().clamp(1, MAX_CLAIM);
         let claimed = store
@@ -98,6 +121,10 @@ pub async fn feed(
             // for time to bring retries due.
             tokio::select! {
                 _ = records.closed() => break,
+                () = revocation.revoked() => {
+                    end_revoked(&records).await;
+                    break;
+                }
                 _ = announcements.announced() => {}
                 _ = tokio::time::sleep(config.poll) => {}
             }

@@ -125,6 +125,7 @@ pub fn summary(s: Summary) -> proto::SummarizeResponse {
                 records_capped: c.records_capped,
             })
             .collect(),
-        estimated_table_records: s.estimated_table_records,
+        estimated_table_records: 0,
+        next_page_token: s.next_after.unwrap_or_default(),
     }
 }

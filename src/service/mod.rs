@@ -302,7 +302,9 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<proto::WatchDueRequest>,
     ) -> Result<Response<Self::WatchDueStream>, Status> {
-        let tenant = self.caller(&request)?.tenant;
+        let caller = self.caller(&request)?;
+        let revocation = self.auth.revocation(request.metadata().as_ref(), &caller);
+        let tenant = caller.tenant;
         let scope = decode::watch_due(request.into_inner())?;
         telemetry::record_scope(&scope);
         let announcements = self
@@ -314,7 +316,7 @@ impl Coordinator for CoordinatorService {
             due::feed(
                 self.store.clone(),
                 announcements,
-                tenant,
+                (tenant, revocation),
                 scope,
                 self.feed,
                 records,

@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use super::StartupError;
 use crate::auth::Authenticator;
 use crate::config::ServeConfig;
-use crate::http::{Door, Handler};
+use crate::http::{Door, DoorSecurity, Handler};
 use crate::tls::Tls;
 use crate::transport::{self, Admission, ConnectionLimits};
 
@@ -40,6 +40,10 @@ impl HttpDoor {
             config.max_request_bytes,
             config.request_body_timeout,
             config.console,
+            DoorSecurity {
+                tls: config.tls.is_some(),
+                allowed_hosts: config.http_allowed_hosts.clone(),
+            },
         )?;
         Ok(Some(HttpDoor {
             listener,

@@ -10,7 +10,7 @@ use tokio_postgres::Row;
 use super::{CallTime, Store, StoreError, names, row};
 use crate::domain::{
     AdminAction, AdminCommand, ListQuery, Record, RecordId, RecordLine, ScopeCounts, Status,
-    Summary, Tenant,
+    Summary, SummaryQuery,
 };
 
 const ACT: &str = "SELECT a.outcome, a.rec, idempotency_in_time($8, $7) AS in_time \
@@ -18,7 +18,7 @@ const ACT: &str = "SELECT a.outcome, a.rec, idempotency_in_time($8, $7) AS in_ti
 const DELETE: &str = "SELECT d.*, idempotency_in_time($5, $4) AS in_time \
      FROM idempotency_admin_delete($1, $2, $3, $4) d";
 const LIST: &str = "SELECT * FROM idempotency_admin_list($1, $2, $3, $4, $5, $6, $7)";
-const SUMMARY: &str = "SELECT * FROM idempotency_admin_summary($1, $2, $3)";
+const SUMMARY: &str = "SELECT * FROM idempotency_admin_summary($1, $2, $3, $4, $5)";
 
 /// How many records of a scope the summary counts before it says "more".
 pub const SUMMARY_CAP: i32 = 1_000;
@@ -91,23 +91,29 @@ impl Store {
         rows.iter().map(line).collect()
     }
 
-    /// Runs `idempotency_admin_summary` for `tenant`.
+    /// Runs `idempotency_admin_summary`: a page of the tenant's scopes.
     pub async fn admin_summary(
         &self,
-        tenant: &Tenant,
+        query: &SummaryQuery,
         time: CallTime,
     ) -> Result<Summary, StoreError> {
         let stamp = self.stamp(&time)?;
+        let limit = i32::try_from(query.limit).unwrap_or(i32::MAX);
         let rows = self
             .query(
                 SUMMARY,
-                &[&tenant.as_str(), &SUMMARY_CAP, &stamp.offset_ms],
+                &[
+                    &query.tenant.as_str(),
+                    &query.after.as_ref().map_or("", |s| s.as_str()),
+                    &limit,
+                    &SUMMARY_CAP,
+                    &stamp.offset_ms,
+                ],
                 time,
             )
             .await?;
         let mut summary = Summary::default();
         for row in &rows {
-            summary.estimated_table_records = count(row, "estimated_rows")?;
             summary.scopes.push(ScopeCounts {
                 scope: row.try_get("scope")?,
                 processing: count(row, "processing")?,
@@ -118,6 +124,9 @@ impl Store {
                 records: count(row, "records")?,
                 records_capped: row.try_get("records_capped")?,
             });
+        }
+        if summary.scopes.len() == query.limit as usize {
+            summary.next_after = summary.scopes.last().map(|s| s.scope.clone());
         }
         Ok(summary)
     }

@@ -121,6 +121,11 @@ impl Protocol for Grpc {
 /// Server-Sent Events.
 pub type HttpBody = UnsyncBoxBody<Bytes, Infallible>;
 
+/// The address an HTTP request came from, in its extensions (what the
+/// console counts failed logins by).
+#[derive(Debug, Clone, Copy)]
+pub struct Peer(pub SocketAddr);
+
 /// What answers the requests of the HTTP/JSON port; `call` keeps the
 /// connection marked busy until it has been answered (a stream's body
 /// holds it until the stream ends).
@@ -213,6 +218,7 @@ impl Protocol for Http {
                 if let Some(share) = &share {
                     request.extensions_mut().insert(share.clone());
                 }
+                request.extensions_mut().insert(Peer(peer));
                 let answer = handler.handle(request, activity.start());
                 async move { Ok::<_, Infallible>(answer.await) }
             })

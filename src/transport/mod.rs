@@ -32,7 +32,7 @@ pub use admission::{
     OPEN_SERVICES_BUDGET_BYTES, SMALL_MESSAGE_BYTES, TENANT_SHARE_DIVISOR, refused,
 };
 pub use body::{ByteBudget, Full, Reservation};
-pub use connection::{ConnectionShare, HttpBody, HttpHandler};
+pub use connection::{ConnectionShare, HttpBody, HttpHandler, Peer};
 
 /// `text` with every character that could forge or disturb a log line
 /// escaped (`\n`, `\r`, ESC as `\u{1b}`, the other control characters,

@@ -195,7 +195,7 @@ async fn only_admins_act_and_only_on_their_own_tenants_records() {
         .unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied);
     let err = worker
-        .summarize(proto::SummarizeRequest {})
+        .summarize(proto::SummarizeRequest::default())
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied);
@@ -228,7 +228,7 @@ async fn only_admins_act_and_only_on_their_own_tenants_records() {
         .into_inner();
     assert!(page.records.is_empty());
     let summary = other
-        .summarize(proto::SummarizeRequest {})
+        .summarize(proto::SummarizeRequest::default())
         .await
         .unwrap()
         .into_inner();
@@ -288,7 +288,7 @@ async fn keys_are_listed_by_prefix_page_by_page_and_counted_per_scope() {
     assert_eq!(bad_fields(&err), ["scope", "page_size"]);
 
     let summary = admin
-        .summarize(proto::SummarizeRequest {})
+        .summarize(proto::SummarizeRequest::default())
         .await
         .unwrap()
         .into_inner();
@@ -300,7 +300,7 @@ async fn keys_are_listed_by_prefix_page_by_page_and_counted_per_scope() {
     assert_eq!(counts, [("mail", 0, 1, false), ("pay", 9, 9, false)]);
     app.clock.advance(Duration::from_secs(16 * 60));
     let summary = admin
-        .summarize(proto::SummarizeRequest {})
+        .summarize(proto::SummarizeRequest::default())
         .await
         .unwrap()
         .into_inner();

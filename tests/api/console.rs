@@ -40,12 +40,26 @@ fn base(app: &TestApp) -> String {
     format!("http://{}", app.http_addr.expect("the HTTP port"))
 }
 
-/// The login cookie for `token`, as the login form answers it.
+/// The login form's answer for `token`, sent with the form's CSRF token
+/// and cookie.
 async fn log_in(client: &reqwest::Client, app: &TestApp, token: &str) -> reqwest::Response {
+    let form = client
+        .get(format!("{}/console/login", base(app)))
+        .send()
+        .await
+        .unwrap();
+    let cookie = cookies(&form);
+    let page = form.text().await.unwrap();
+    let csrf = page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("the login form's CSRF token");
     client
         .post(format!("{}/console/login", base(app)))
+        .header("cookie", cookie)
         .header("content-type", "application/x-www-form-urlencoded")
-        .body(format!("token={token}&operator=Ada"))
+        .body(format!("csrf={csrf}&token={token}&operator=Ada"))
         .send()
         .await
         .unwrap()
@@ -57,6 +71,7 @@ fn cookies(response: &reqwest::Response) -> String {
         .get_all("set-cookie")
         .iter()
         .map(|v| v.to_str().unwrap().split(';').next().unwrap().to_owned())
+        .filter(|pair| !pair.ends_with('='))
         .collect::<Vec<_>>()
         .join("; ")
 }

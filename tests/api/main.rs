@@ -12,6 +12,7 @@ mod complete;
 mod concurrency;
 mod conformance;
 mod console;
+mod console_hardening;
 mod deadlines;
 mod door;
 mod due;

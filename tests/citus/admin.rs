@@ -83,7 +83,7 @@ async fn an_admin_releases_a_lease_lists_a_scope_and_counts_it_across_the_shards
     assert_eq!(keys, expected, "in key order over every shard");
 
     let summary = admin
-        .summarize(proto::SummarizeRequest {})
+        .summarize(proto::SummarizeRequest::default())
         .await
         .expect("a summary")
         .into_inner();

@@ -2,19 +2,22 @@
 //! through Coordinator calls, follow a record, and run the admin actions
 //! (POST, with the session's CSRF token, after the confirmation page).
 
+use futures_util::StreamExt as _;
 use http::{HeaderValue, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt as _, Limited};
+use http_body_util::{BodyExt as _, BodyStream, Limited, StreamBody};
 use hyper::body::Incoming;
 
 use super::session::{self, Session};
 use super::{
-    CALL_TIMEOUT, HttpBody, Query, body, guarded, html, link, pages, refused, see_other,
-    watch_request,
+    CALL_TIMEOUT, HttpBody, Query, body, guarded, html, link, logins, pages, refused, see_other,
+    sessions, watch_request,
 };
+use crate::domain::operator_name;
 use crate::http::connect::SERVICE_PREFIX;
 use crate::http::{Asks, Door};
+use crate::metrics;
 use crate::proto;
-use crate::transport::OpenCall;
+use crate::transport::{OpenCall, Peer};
 
 /// The longest form the console reads.
 const MAX_FORM_BYTES: usize = 16 * 1024;
@@ -52,48 +55,117 @@ fn with_cookies(mut response: Response<HttpBody>, cookies: &[String]) -> Respons
     response
 }
 
-/// Checks the token and keeps it in the cookie.
+/// The login page, with a fresh login CSRF token in its form and cookie.
+pub(super) fn login_page(
+    door: &Door,
+    status: StatusCode,
+    error: Option<&str>,
+) -> Response<HttpBody> {
+    let csrf = sessions::random_secret();
+    let page = html(status, pages::login(door.auth.is_on(), error, &csrf));
+    with_cookies(page, &[session::login_cookie(door, &csrf)])
+}
+
+/// Too many failed logins from the client's address: refused for `wait`.
+fn too_many(door: &Door, wait: std::time::Duration) -> Response<HttpBody> {
+    let seconds = wait.as_secs().max(1);
+    let text = format!("Too many failed logins from your address: try again in {seconds} s.");
+    let mut response = login_page(door, StatusCode::TOO_MANY_REQUESTS, Some(&text));
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    response
+}
+
+/// Checks the form's CSRF token and the admin token, and opens a session
+/// that keeps the token; a failure counts against the client's address,
+/// and an address with too many is refused without a look at the token.
 pub(super) async fn login(door: &Door, request: Request<Incoming>) -> Response<HttpBody> {
-    let auth_on = door.auth.is_on();
+    let Some(console) = door.console.as_ref() else {
+        return see_other("/console/login");
+    };
+    let peer = request.extensions().get::<Peer>().map(|p| p.0.ip());
+    if let Some(wait) = peer.and_then(|ip| console.logins.refused(ip)) {
+        metrics::request_refused(metrics::Port::Http, "console_login_limited");
+        console.logins.log(peer, logins::MAX_FAILURES, true);
+        return too_many(door, wait);
+    }
+    let expected = session::cookie_value(request.headers(), session::LOGIN_COOKIE)
+        .unwrap_or_default()
+        .to_owned();
     let Some(fields) = form(door, request).await else {
-        return html(
+        return login_page(
+            door,
             StatusCode::BAD_REQUEST,
-            pages::login(auth_on, Some("Send the login form from this page.")),
+            Some("Send the login form from this page."),
         );
     };
+    if !session::same_secret(fields.get("csrf"), &expected) {
+        return login_page(
+            door,
+            StatusCode::FORBIDDEN,
+            Some("The login form expired: log in again."),
+        );
+    }
+    let operator = fields.get("operator").trim();
+    if let Err(e) = operator_name(operator) {
+        return login_page(
+            door,
+            StatusCode::BAD_REQUEST,
+            Some(&format!("Your name {e}.")),
+        );
+    }
     let token = fields.get("token").trim();
-    let operator: String = fields.get("operator").trim().chars().take(128).collect();
     let caller = session::bearer(token).map(|h| door.auth.caller_from_headers(&h));
-    match caller {
+    let refusal = match caller {
         Some(Ok(caller)) if caller.admin => {
             tracing::info!(tenant = caller.tenant.as_str(), operator, "console login");
-            let mut cookies = vec![session::operator_cookie(&operator)];
-            if auth_on {
-                cookies.push(session::token_cookie(token));
-            }
-            with_cookies(see_other("/console/"), &cookies)
+            let token = door.auth.is_on().then(|| token.to_owned());
+            let id = console.sessions.open(token, operator.to_owned());
+            let [_, no_login_form] = session::cleared_cookies(door);
+            return with_cookies(
+                see_other("/console/"),
+                &[session::session_cookie(door, &id), no_login_form],
+            );
         }
-        Some(Ok(_)) => html(
+        Some(Ok(_)) => (
             StatusCode::FORBIDDEN,
-            pages::login(auth_on, Some("This credential is not an admin credential.")),
+            "This credential is not an admin credential.",
         ),
-        _ => html(
-            StatusCode::UNAUTHORIZED,
-            pages::login(auth_on, Some("Unknown credential.")),
-        ),
-    }
+        _ => (StatusCode::UNAUTHORIZED, "Unknown credential."),
+    };
+    metrics::request_refused(metrics::Port::Http, "console_login_failed");
+    let failures = peer.map_or(0, |ip| console.logins.failed(ip));
+    console.logins.log(peer, failures, false);
+    login_page(door, refusal.0, Some(refusal.1))
 }
 
-/// Forgets the cookie.
+/// Ends the session (when the form carries its CSRF token) and forgets the
+/// cookie.
 pub(super) async fn logout(door: &Door, request: Request<Incoming>) -> Response<HttpBody> {
-    drop(form(door, request).await);
-    with_cookies(see_other("/console/login"), &session::cleared_cookies())
+    let session = Session::of(door, request.headers()).ok();
+    let fields = form(door, request).await;
+    if let (Some(session), Some(fields), Some(console)) = (session, fields, door.console.as_ref())
+        && let (true, Some(id)) = (session.csrf_matches(fields.get("csrf")), &session.id)
+    {
+        console.sessions.close(id);
+    }
+    with_cookies(see_other("/console/login"), &session::cleared_cookies(door))
 }
 
-/// The home page: lookups and the counts per scope.
-pub(super) async fn home(door: &Door, session: &Session, call: OpenCall) -> Response<HttpBody> {
+/// The home page: lookups and a page of the counts per scope.
+pub(super) async fn home(
+    door: &Door,
+    session: &Session,
+    query: &Query,
+    call: OpenCall,
+) -> Response<HttpBody> {
+    let request = proto::SummarizeRequest {
+        page_token: query.get("after").to_owned(),
+        page_size: pages::SCOPES_PER_PAGE,
+    };
     let answer: Result<proto::SummarizeResponse, _> = door
-        .console_call(session, "Summarize", &proto::SummarizeRequest {}, &call)
+        .console_call(session, "Summarize", &request, &call)
         .await;
     match answer {
         Ok(summary) => html(StatusCode::OK, pages::home(session, &summary)),
@@ -193,7 +265,7 @@ pub(super) async fn result(
 }
 
 /// Follows a record: the Watch feed as Server-Sent Events, for the record
-/// page's script.
+/// page's script, until a reload of the credentials revokes the session's.
 pub(super) async fn watch(
     door: &Door,
     session: &Session,
@@ -218,7 +290,14 @@ pub(super) async fn watch(
         )
         .await;
     match opened {
-        Ok((_, stream)) => guarded(crate::http::events::event_stream(door, stream, output)),
+        Ok((_, stream)) => {
+            let events = crate::http::events::event_stream(door, stream, output);
+            let mut revocation = door.auth.revocation(&session.headers, &session.caller);
+            guarded(events.map(|body| {
+                let revoked = Box::pin(async move { revocation.revoked().await });
+                StreamBody::new(BodyStream::new(body).take_until(revoked)).boxed_unsync()
+            }))
+        }
         Err(status) => refused(session, &status),
     }
 }

@@ -10,17 +10,24 @@
 //! the credential the operator logged in with: the console decides nothing
 //! about callers or records itself.
 //!
-//! Access (`session`): the admin token, entered once, is kept in an
-//! HttpOnly, SameSite=Strict cookie scoped to `/console/`; a non-admin
-//! token is refused at login and on every request. Every state-changing
-//! request is a POST carrying a CSRF token derived from the credential, and
-//! each action first shows a confirmation page. Every answer carries a
-//! Content-Security-Policy without inline script or style, `X-Frame-Options:
-//! DENY`, and `Cache-Control: no-store`.
+//! Access (`session`, `sessions`): the admin token, entered once, opens a
+//! server-side session named by a random id in an HttpOnly,
+//! SameSite=Strict cookie scoped to `/console/` (`Secure` under TLS); the
+//! token never leaves the login request. A non-admin token is refused at
+//! login, and a session whose token a reload revoked ends on its next
+//! request (its live stream at once). Failed logins are counted per client
+//! address and, past a limit, refused for a while (`logins`). Every
+//! state-changing request is a POST carrying a CSRF token (the login
+//! form's own, then the session's), and each action first shows a
+//! confirmation page. Every answer carries a Content-Security-Policy
+//! without inline script or style, `X-Frame-Options: DENY`,
+//! `Cache-Control: no-store`, and under TLS `Strict-Transport-Security`.
 
 mod actions;
+mod logins;
 mod pages;
 mod session;
+mod sessions;
 
 use std::time::Duration;
 
@@ -52,6 +59,15 @@ const STYLE: &str = include_str!("console.css");
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
      connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
+/// What the console keeps: the sessions, and the failed logins.
+#[derive(Default)]
+pub(super) struct Console {
+    /// The open sessions.
+    sessions: sessions::Sessions,
+    /// Failed logins per client address.
+    logins: logins::FailedLogins,
+}
+
 /// The decoded query string of a request.
 pub(super) struct Query(Vec<(String, String)>);
 
@@ -69,19 +85,33 @@ impl Query {
     }
 }
 
+/// HSTS under TLS: a year, as browsers' preload lists ask.
+const HSTS: &str = "max-age=31536000";
+
 /// Answers a request under [`PREFIX`].
 pub(super) async fn serve(
     door: &Door,
     request: Request<Incoming>,
     call: OpenCall,
 ) -> Response<HttpBody> {
+    let mut response = route(door, request, call).await;
+    if door.tls {
+        response.headers_mut().insert(
+            header::STRICT_TRANSPORT_SECURITY,
+            HeaderValue::from_static(HSTS),
+        );
+    }
+    response
+}
+
+async fn route(door: &Door, request: Request<Incoming>, call: OpenCall) -> Response<HttpBody> {
     let path = request.uri().path().to_owned();
     let query = Query::parse(request.uri().query().unwrap_or("").as_bytes());
     let page = &path[PREFIX.len()..];
     match (request.method().clone(), page) {
         (Method::GET, "console.js") => asset(SCRIPT, "text/javascript; charset=utf-8"),
         (Method::GET, "console.css") => asset(STYLE, "text/css; charset=utf-8"),
-        (Method::GET, "login") => html(StatusCode::OK, pages::login(door.auth.is_on(), None)),
+        (Method::GET, "login") => actions::login_page(door, StatusCode::OK, None),
         (Method::POST, "login") => actions::login(door, request).await,
         (Method::POST, "logout") => actions::logout(door, request).await,
         (Method::GET | Method::POST, _) => {
@@ -90,7 +120,7 @@ pub(super) async fn serve(
                 Err(response) => return response,
             };
             match (request.method().clone(), page) {
-                (Method::GET, "") => actions::home(door, &session, call).await,
+                (Method::GET, "") => actions::home(door, &session, &query, call).await,
                 (Method::GET, "records") => actions::records(door, &session, &query, call).await,
                 (Method::GET, "record") => actions::record(door, &session, &query, call).await,
                 (Method::GET, "result") => actions::result(door, &session, &query, call).await,

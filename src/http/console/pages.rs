@@ -8,11 +8,17 @@ use maud::{DOCTYPE, Markup, html};
 
 use super::session::Session;
 use super::{Query, link};
+use crate::domain::MAX_OPERATOR_CHARS;
 use crate::proto;
 
 /// The longest stretch of a result shown on its page; the rest is in the
 /// download.
 const PREVIEW_BYTES: usize = 4096;
+
+/// The most a pretty-printed JSON result may take on its page: indentation
+/// grows a deeply nested document many times over, so one that would grow
+/// past this is shown as it was stored.
+const PRETTY_MAX_BYTES: usize = 16 * 1024;
 
 fn layout(session: Option<&Session>, title: &str, content: Markup) -> Markup {
     html! {
@@ -50,8 +56,9 @@ fn layout(session: Option<&Session>, title: &str, content: Markup) -> Markup {
     }
 }
 
-/// The login form, with why the last attempt failed.
-pub(super) fn login(auth_on: bool, error: Option<&str>) -> Markup {
+/// The login form, carrying the login CSRF token `csrf`, with why the last
+/// attempt failed.
+pub(super) fn login(auth_on: bool, error: Option<&str>, csrf: &str) -> Markup {
     let content = html! {
         h1 { "Log in" }
         @if let Some(error) = error {
@@ -59,9 +66,10 @@ pub(super) fn login(auth_on: bool, error: Option<&str>) -> Markup {
         }
         @if auth_on {
             form method="post" action="/console/login" {
+                input type="hidden" name="csrf" value=(csrf);
                 label { "Admin token " input type="password" name="token" autocomplete="off" required; }
-                label { "Your name (recorded with your actions) "
-                    input type="text" name="operator" maxlength="128"; }
+                label { "Your name (recorded with your actions: letters, digits, spaces and . - _ ' @) "
+                    input type="text" name="operator" maxlength=(MAX_OPERATOR_CHARS); }
                 button type="submit" { "Log in" }
             }
         } @else {
@@ -123,8 +131,11 @@ fn lookup_forms(scope: &str) -> Markup {
     }
 }
 
-/// The home page: lookups, and the tenant's counts per scope with the due
-/// feed's (leases run out, retries due).
+/// Scopes on a page of the home page.
+pub(super) const SCOPES_PER_PAGE: u32 = 100;
+
+/// The home page: lookups, and a page of the tenant's counts per scope with
+/// the due feed's (leases run out, retries due).
 pub(super) fn home(session: &Session, summary: &proto::SummarizeResponse) -> Markup {
     let content = html! {
         h1 { "Records" }
@@ -132,11 +143,8 @@ pub(super) fn home(session: &Session, summary: &proto::SummarizeResponse) -> Mar
         h2 { "Scopes" }
         p.note {
             "Counts of PROCESSING, FAILED and FAILED_PERMANENT records are exact; "
-            "all records are counted up to a cap (“+” above it)."
-            @if summary.estimated_table_records > 0 {
-                " The table holds about " (summary.estimated_table_records)
-                " records of all tenants (the database's estimate)."
-            }
+            "all records are counted up to a cap (“+” above it). "
+            "Scopes are shown " (SCOPES_PER_PAGE) " to a page, in order."
         }
         table.summary {
             thead { tr {
@@ -162,6 +170,9 @@ pub(super) fn home(session: &Session, summary: &proto::SummarizeResponse) -> Mar
                     tr { td colspan="8" { "No records." } }
                 }
             }
+        }
+        @if !summary.next_page_token.is_empty() {
+            p { a rel="next" href=(link("", &[("after", &summary.next_page_token)])) { "Next scopes →" } }
         }
     };
     layout(Some(session), "Records", content)
@@ -242,21 +253,20 @@ fn action_button(scope: &str, key: &str, action: &str, label: &str) -> Markup {
     }
 }
 
-/// The stored result: pretty JSON, text, or a hex preview.
+/// The stored result: pretty JSON (when small), text, or a hex preview,
+/// never more than [`PREVIEW_BYTES`] of it, nor more than
+/// [`PRETTY_MAX_BYTES`] of markup.
 fn result(r: &proto::Record, success: &proto::Success) -> Markup {
     let bytes = &success.result;
-    let json = success
-        .content_type
-        .contains("json")
+    let shown = &bytes[..bytes.len().min(PREVIEW_BYTES)];
+    let json = (success.content_type.contains("json") && bytes.len() <= PREVIEW_BYTES)
         .then(|| serde_json::from_slice::<serde_json::Value>(bytes).ok())
         .flatten()
-        .and_then(|v| serde_json::to_string_pretty(&v).ok());
-    let shown = &bytes[..bytes.len().min(PREVIEW_BYTES)];
-    let text = success
-        .content_type
-        .starts_with("text/")
-        .then(|| std::str::from_utf8(shown).ok())
-        .flatten();
+        .and_then(|v| serde_json::to_string_pretty(&v).ok())
+        .filter(|pretty| pretty.len() <= PRETTY_MAX_BYTES);
+    let textual =
+        success.content_type.starts_with("text/") || success.content_type.contains("json");
+    let text = textual.then(|| utf8_prefix(shown)).flatten();
     html! {
         h2 { "Result" }
         dl {
@@ -274,6 +284,17 @@ fn result(r: &proto::Record, success: &proto::Success) -> Markup {
         }
         @if bytes.len() > PREVIEW_BYTES { p.note { "The first " (PREVIEW_BYTES) " bytes; download for the rest." } }
         p { a href=(link("result", &[("scope", &r.scope), ("key", &r.key)])) download { "Download the result" } }
+    }
+}
+
+/// `bytes` as text, a character cut at the end dropped; `None` when they
+/// are not UTF-8 before that.
+fn utf8_prefix(bytes: &[u8]) -> Option<&str> {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => Some(text),
+        // At most three bytes of a character cut by the preview's end.
+        Err(e) if e.error_len().is_none() => std::str::from_utf8(&bytes[..e.valid_up_to()]).ok(),
+        Err(_) => None,
     }
 }
 

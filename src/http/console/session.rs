@@ -1,25 +1,25 @@
-//! Who is using the console: the admin token kept in an HttpOnly,
-//! SameSite=Strict cookie (entered once at `/console/login`), checked by the
-//! server's authenticator on every request, and the CSRF token the forms
-//! carry. Without `--auth-tokens` everyone is the default tenant's admin, and
-//! every page says so.
+//! Who is using the console: a server-side session (`sessions`) named by a
+//! random id in an HttpOnly, SameSite=Strict cookie (`Secure` when the
+//! port serves TLS), opened at `/console/login` and checked on every
+//! request: its token must still name an admin. The login form carries a
+//! CSRF token of its own (a cookie and a form field that must match), and
+//! each session's forms carry the session's. Without `--auth-tokens`
+//! everyone is the default tenant's admin, and every page says so.
 
 use std::sync::OnceLock;
 
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
-use sha2::{Digest, Sha256};
+use http::{HeaderMap, HeaderValue, Response, header};
 use subtle::ConstantTimeEq as _;
 
-use super::{Door, HttpBody, pages, see_other};
+use super::{Door, HttpBody, see_other};
 use crate::auth::{AuthError, Caller};
 
-/// The cookie that holds the token (base64url, as tokens may hold
-/// characters a cookie may not).
-pub(super) const TOKEN_COOKIE: &str = "idempotency_console";
-/// The cookie that holds the operator's own name, recorded with actions.
-pub(super) const OPERATOR_COOKIE: &str = "idempotency_console_operator";
+/// The cookie that holds the session's id.
+pub(super) const SESSION_COOKIE: &str = "idempotency_console";
+/// The cookie that holds the login form's CSRF token.
+pub(super) const LOGIN_COOKIE: &str = "idempotency_console_login";
+/// How long a login form may be sent after it was shown.
+const LOGIN_FORM_SECONDS: u64 = 60 * 60;
 
 /// A console user, authenticated.
 pub(super) struct Session {
@@ -33,21 +33,24 @@ pub(super) struct Session {
     pub operator: String,
     /// The server checks credentials; when not, the pages warn.
     pub auth_on: bool,
+    /// The session's id, to end it at logout; `None` without one (no
+    /// credentials, and no login).
+    pub id: Option<String>,
 }
 
-/// The process's secret for CSRF tokens when there are no credentials to
-/// derive them from.
-fn local_secret() -> &'static str {
+/// The CSRF token of the console's forms when the server runs without
+/// credentials and the user has not logged in (with no session to keep
+/// one): the process's own.
+fn local_csrf() -> &'static str {
     static SECRET: OnceLock<String> = OnceLock::new();
-    SECRET.get_or_init(|| uuid::Uuid::new_v4().to_string())
+    SECRET.get_or_init(super::sessions::random_secret)
 }
 
-/// The CSRF token of a credential: the same on every replica, and useless
-/// without the credential's cookie (SameSite=Strict keeps other sites from
-/// sending it).
-fn csrf_of(secret: &str) -> String {
-    let digest = Sha256::digest(format!("idempotency console csrf\n{secret}").as_bytes());
-    hex::encode(&digest[..16])
+/// Whether `sent` is `expected`, in constant time; never when empty.
+pub(super) fn same_secret(sent: &str, expected: &str) -> bool {
+    !expected.is_empty()
+        && sent.len() == expected.len()
+        && bool::from(sent.as_bytes().ct_eq(expected.as_bytes()))
 }
 
 /// The `authorization` header for `token`.
@@ -58,81 +61,93 @@ pub(super) fn bearer(token: &str) -> Option<HeaderMap> {
     Some(headers)
 }
 
-/// The cookie that logs `token` in.
-pub(super) fn token_cookie(token: &str) -> String {
-    format!(
-        "{TOKEN_COOKIE}={}; Path=/console/; HttpOnly; SameSite=Strict",
-        URL_SAFE_NO_PAD.encode(token)
-    )
+/// A console cookie: HttpOnly, SameSite=Strict, `Secure` under TLS.
+fn cookie(door: &Door, name: &str, value: &str, max_age: Option<u64>) -> String {
+    let mut cookie = format!("{name}={value}; Path=/console/; HttpOnly; SameSite=Strict");
+    if door.tls {
+        cookie.push_str("; Secure");
+    }
+    if let Some(seconds) = max_age {
+        cookie.push_str(&format!("; Max-Age={seconds}"));
+    }
+    cookie
 }
 
-/// The operator's name as a cookie.
-pub(super) fn operator_cookie(name: &str) -> String {
-    let value: String = form_urlencoded::byte_serialize(name.as_bytes()).collect();
-    format!("{OPERATOR_COOKIE}={value}; Path=/console/; HttpOnly; SameSite=Strict")
+/// The cookie that names session `id`.
+pub(super) fn session_cookie(door: &Door, id: &str) -> String {
+    cookie(door, SESSION_COOKIE, id, None)
+}
+
+/// The cookie that holds a login form's CSRF token.
+pub(super) fn login_cookie(door: &Door, csrf: &str) -> String {
+    cookie(door, LOGIN_COOKIE, csrf, Some(LOGIN_FORM_SECONDS))
 }
 
 /// Cookies that log out.
-pub(super) fn cleared_cookies() -> [String; 2] {
-    [TOKEN_COOKIE, OPERATOR_COOKIE]
-        .map(|name| format!("{name}=; Path=/console/; HttpOnly; SameSite=Strict; Max-Age=0"))
+pub(super) fn cleared_cookies(door: &Door) -> [String; 2] {
+    [SESSION_COOKIE, LOGIN_COOKIE].map(|name| cookie(door, name, "", Some(0)))
+}
+
+/// The value of cookie `name`.
+pub(super) fn cookie_value<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    super::cookies(headers)
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| v)
 }
 
 impl Session {
     /// The session of a request; otherwise the answer to give: the login
-    /// page for a missing or unknown token, a refusal for a non-admin one.
+    /// page for a missing, ended or revoked session, a refusal for a
+    /// credential that is no longer an admin's.
     #[expect(
         clippy::result_large_err,
         reason = "the error is the answer itself, built once per refused request"
     )]
     pub(super) fn of(door: &Door, headers: &HeaderMap) -> Result<Session, Response<HttpBody>> {
         let auth_on = door.auth.is_on();
-        let mut token = None;
-        let mut operator = String::new();
-        for (name, value) in super::cookies(headers) {
-            if name == TOKEN_COOKIE {
-                token = URL_SAFE_NO_PAD
-                    .decode(value)
-                    .ok()
-                    .and_then(|t| String::from_utf8(t).ok());
-            } else if name == OPERATOR_COOKIE {
-                operator = form_urlencoded::parse(format!("n={value}").as_bytes())
-                    .next()
-                    .map(|(_, v)| v.into_owned())
-                    .unwrap_or_default();
-            }
-        }
-        let (headers, secret) = match (auth_on, token) {
-            (false, _) => (HeaderMap::new(), local_secret().to_owned()),
+        let id = cookie_value(headers, SESSION_COOKIE).filter(|id| !id.is_empty());
+        let kept = match (door.console.as_ref(), id) {
+            (Some(console), Some(id)) => console.sessions.find(id),
+            _ => None,
+        };
+        let (call_headers, csrf, operator) = match (auth_on, kept) {
+            (false, None) => (HeaderMap::new(), local_csrf().to_owned(), String::new()),
+            (false, Some(kept)) => (HeaderMap::new(), kept.csrf, kept.operator),
             (true, None) => return Err(see_other("/console/login")),
-            (true, Some(token)) => match bearer(&token) {
-                Some(headers) => (headers, token),
+            (true, Some(kept)) => match kept.token.as_deref().and_then(bearer) {
+                Some(headers) => (headers, kept.csrf, kept.operator),
                 None => return Err(see_other("/console/login")),
             },
         };
-        let caller = match door.auth.caller_from_headers(&headers) {
+        let end = || {
+            if let (Some(console), Some(id)) = (door.console.as_ref(), id) {
+                console.sessions.close(id);
+            }
+        };
+        let caller = match door.auth.caller_from_headers(&call_headers) {
             Ok(caller) => caller,
             Err(AuthError::Missing | AuthError::Unknown) => {
+                end();
                 return Err(see_other("/console/login"));
             }
         };
         if !caller.admin {
-            return Err(super::html(
-                StatusCode::FORBIDDEN,
-                pages::login(auth_on, Some("This credential is not an admin credential.")),
-            ));
+            // Demoted by a reload since the login.
+            end();
+            return Err(see_other("/console/login"));
         }
         Ok(Session {
             caller,
-            headers,
-            csrf: csrf_of(&secret),
+            headers: call_headers,
+            csrf,
             operator,
             auth_on,
+            id: id.map(str::to_owned),
         })
     }
 
     /// Whether a form's CSRF token is this session's.
     pub(super) fn csrf_matches(&self, sent: &str) -> bool {
-        sent.len() == self.csrf.len() && bool::from(sent.as_bytes().ct_eq(self.csrf.as_bytes()))
+        same_secret(sent, &self.csrf)
     }
 }
