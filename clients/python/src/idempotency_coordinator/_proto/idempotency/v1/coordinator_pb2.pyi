@@ -1284,12 +1284,21 @@ Global___ListRecordsResponse: _TypeAlias = ListRecordsResponse  # noqa: Y015
 class SummarizeRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    page_token: _builtins.str
+    """The next_page_token of the previous page; empty for the first page."""
+    page_size: _builtins.int
+    """At most this many scopes; zero: 100. At most 500."""
     def __init__(
         self,
+        *,
+        page_token: _builtins.str = ...,
+        page_size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1353,23 +1362,27 @@ class SummarizeResponse(_message.Message):
 
     SCOPES_FIELD_NUMBER: _builtins.int
     ESTIMATED_TABLE_RECORDS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     estimated_table_records: _builtins.int
-    """The whole table's size (every tenant's), as the database's planner
-    estimates it: no record is read for it.
+    """Always zero: the whole table's size (every tenant's) is not shown to
+    one tenant's administrator.
     """
+    next_page_token: _builtins.str
+    """Pass as page_token for the next page; empty on the last."""
     @_builtins.property
     def scopes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ScopeSummary]:
-        """The caller's tenant's scopes, in order."""
+        """A page of the caller's tenant's scopes, in order."""
 
     def __init__(
         self,
         *,
         scopes: _abc.Iterable[Global___ScopeSummary] | None = ...,
         estimated_table_records: _builtins.int = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["estimated_table_records", b"estimated_table_records", "scopes", b"scopes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["estimated_table_records", b"estimated_table_records", "next_page_token", b"next_page_token", "scopes", b"scopes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -221,8 +221,9 @@ class CoordinatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Summarize(self, request, context):
-        """Per scope of the caller's tenant: records by status, leases run out,
-        retries due. Cheap on a table of any size: see ScopeSummary.
+        """Per scope of the caller's tenant, a page of scopes at a time: records
+        by status, leases run out, retries due. Cheap on a table of any size:
+        see ScopeSummary.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

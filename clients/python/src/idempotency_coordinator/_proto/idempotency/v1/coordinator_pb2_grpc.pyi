@@ -174,8 +174,9 @@ class CoordinatorStub:
     that begin with a prefix or of one status.
     """
     Summarize: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.SummarizeRequest, _coordinator_pb2.SummarizeResponse]
-    """Per scope of the caller's tenant: records by status, leases run out,
-    retries due. Cheap on a table of any size: see ScopeSummary.
+    """Per scope of the caller's tenant, a page of scopes at a time: records
+    by status, leases run out, retries due. Cheap on a table of any size:
+    see ScopeSummary.
     """
 
 @_typing.type_check_only
@@ -249,8 +250,9 @@ class CoordinatorAsyncStub(CoordinatorStub):
     that begin with a prefix or of one status.
     """
     Summarize: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.SummarizeRequest, _coordinator_pb2.SummarizeResponse]  # type: ignore[assignment]
-    """Per scope of the caller's tenant: records by status, leases run out,
-    retries due. Cheap on a table of any size: see ScopeSummary.
+    """Per scope of the caller's tenant, a page of scopes at a time: records
+    by status, leases run out, retries due. Cheap on a table of any size:
+    see ScopeSummary.
     """
 
 class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
@@ -399,8 +401,9 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
         request: _coordinator_pb2.SummarizeRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_coordinator_pb2.SummarizeResponse, _abc.Awaitable[_coordinator_pb2.SummarizeResponse]]:
-        """Per scope of the caller's tenant: records by status, leases run out,
-        retries due. Cheap on a table of any size: see ScopeSummary.
+        """Per scope of the caller's tenant, a page of scopes at a time: records
+        by status, leases run out, retries due. Cheap on a table of any size:
+        see ScopeSummary.
         """
 
 def add_CoordinatorServicer_to_server(servicer: CoordinatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
