@@ -26,6 +26,7 @@ mod hostile;
 mod http;
 mod metrics;
 mod migrations;
+mod pipelining;
 mod replays;
 mod replicas;
 mod startup;
