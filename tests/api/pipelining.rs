@@ -18,13 +18,17 @@ use tonic::transport::Channel;
 use crate::helpers::*;
 use crate::metrics::{metrics_addr, scrape};
 
-/// Metrics on, and a probe (which counts the replicas) every 50 ms.
+/// Metrics on, and a probe (which counts the replicas) every 200 ms, each
+/// given 400 ms: a count that takes longer under the load fails, and
+/// stops pipelining as another replica does (the log tells them apart).
 const FLAGS: [&str; 4] = [
     "--metrics-listen",
     "127.0.0.1:0",
     "--health-interval",
-    "100ms",
+    "400ms",
 ];
+/// What a replica logs when a count stops its pipelining.
+const NOT_ALONE: &str = "other replicas share the database: one batch at a time";
 /// How long a switch may take: a few probes, on a loaded machine.
 const SWITCH: Duration = Duration::from_secs(15);
 /// How long one call may take under the load before it counts as stalled.
@@ -47,10 +51,7 @@ async fn replicas_pipeline_alone_and_not_together_as_they_join_and_leave_under_l
     until_pipelined(&a, false, "A, joined by B, to stop pipelining").await;
     load.progressed().await;
     assert!(logged(&a, "no other replica shares the database"));
-    assert!(logged(
-        &a,
-        "other replicas share the database: one batch at a time"
-    ));
+    assert!(logged(&a, NOT_ALONE), "A counted B");
     assert_eq!(
         pipelined(&b).await,
         0.0,
@@ -66,6 +67,7 @@ async fn replicas_pipeline_alone_and_not_together_as_they_join_and_leave_under_l
     load.join(3, c.client().await);
     until_pipelined(&b, false, "B, joined by C, to stop pipelining").await;
     load.progressed().await;
+    assert!(logged(&b, NOT_ALONE), "B counted C");
 
     load.leave(3).await;
     c.kill().await;
@@ -136,7 +138,11 @@ struct Load {
 
 impl Load {
     fn start(id: u32, client: CoordinatorClient<Channel>) -> Load {
-        let targets = Arc::new(Mutex::new(Vec::new()));
+        let targets = Arc::new(Mutex::new(vec![Target {
+            id,
+            client,
+            busy: Arc::default(),
+        }]));
         let done = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let tasks = (0..TASKS)
@@ -152,14 +158,12 @@ impl Load {
                 })
             })
             .collect();
-        let load = Load {
+        Load {
             targets,
             done,
             stop,
             tasks,
-        };
-        load.join(id, client);
-        load
+        }
     }
 
     fn join(&self, id: u32, client: CoordinatorClient<Channel>) {
