@@ -19,7 +19,9 @@
 //!   `mux::prepared_anew_if_stale`, or batched so that
 //!   Acquires and Completes that arrive together share one statement and one
 //!   commit, `store::batch` with arguments bound in `store::calls` and
-//!   the moment each batch goes out decided in `batch::take`; on
+//!   the moment each batch goes out decided in `batch::take`, and
+//!   whether two go pipelined, by the replicas counted on the database,
+//!   in `batch::company`; on
 //!   Citus one statement per node, by `store::shards`' map of the shards,
 //!   which also holds the shared connections straight to each node),
 //!   `store::maintenance` (sweeps, due records; on Citus per shard and per

@@ -21,10 +21,11 @@ pub const DEFAULT_SHARED_CONNECTIONS: usize = 2;
 /// Acquires (or Completes) that one statement carries at most when they
 /// arrive together; 1: each runs alone.
 pub const DEFAULT_BATCH_SIZE: usize = 64;
-/// One batch at a time: the fewest commits and the least database CPU per
-/// call wherever several replicas share the database (docs/performance.md,
-/// "One batch worker" and "Two batches, one connection").
-pub const DEFAULT_BATCH_WORKERS: usize = 1;
+/// Auto: two batches pipelined on one connection while no other replica
+/// shares the database, one at a time (the fewest commits and the least
+/// database CPU per call) while others do (docs/performance.md, "Two
+/// batches, one connection").
+pub const DEFAULT_BATCH_WORKERS: BatchWorkers = BatchWorkers(None);
 /// Memory for SUCCEEDED records that replays are answered from, in MiB.
 pub const DEFAULT_REPLAY_CACHE_MIB: u64 = 8;
 /// How long one statement may take before the call answers UNAVAILABLE.
@@ -76,19 +77,23 @@ pub struct StatementArgs {
           value_parser = TypedValueParser::map(clap::value_parser!(u16).range(1..=1000), usize::from))]
     pub batch_size: usize,
 
-    /// Batches out at once (0: two per shared connection). One, the
-    /// default, sends each batch after the last was answered: the biggest
-    /// batches, the fewest commits and the least database CPU per call,
-    /// while the database waits for the server between batches. Two with
-    /// --shared-connections 1, for a replica that has its database to
-    /// itself: the second is sent while the first runs, so the database
+    /// Batches out at once: `auto`, or a number (0: two per shared
+    /// connection). `auto`, the default, sends two on the first shared
+    /// connection while no other replica shares the database (counted at
+    /// every health probe: the sessions holding a shared advisory lock
+    /// each replica takes), else one at a time; the switch is logged and
+    /// shown by the `batches_pipelined` metric. One sends each batch after
+    /// the last was answered: the biggest batches, the fewest commits and
+    /// the least database CPU per call, while the database waits for the
+    /// server between batches. Two with --shared-connections 1 pipeline
+    /// always: the second is sent while the first runs, so the database
     /// starts it the moment the first commits, and it waits to carry as
     /// many calls as the first; where several replicas share a database,
     /// their batches get smaller and cost it more. More, on more
     /// connections, run batches side by side, each waiting until it carries
     /// as many calls as are out, for a database with cores to spare.
     #[arg(long, env = "IDEMPOTENCY_BATCH_WORKERS", default_value_t = DEFAULT_BATCH_WORKERS)]
-    pub batch_workers: usize,
+    pub batch_workers: BatchWorkers,
 
     /// Memory, in MiB, for SUCCEEDED records that repeated Acquires are
     /// answered from without the database, until 5 s before they expire by
@@ -116,6 +121,33 @@ pub struct StatementArgs {
     pub skip_migrations: bool,
 }
 
+/// `--batch-workers`: `auto` (`None`) or a number of workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchWorkers(pub Option<usize>);
+
+impl std::str::FromStr for BatchWorkers {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        if value.eq_ignore_ascii_case("auto") {
+            return Ok(BatchWorkers(None));
+        }
+        value
+            .parse()
+            .map(|n| BatchWorkers(Some(n)))
+            .map_err(|_| format!("`{value}` is neither `auto` nor a number of workers"))
+    }
+}
+
+impl std::fmt::Display for BatchWorkers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            None => f.write_str("auto"),
+            Some(n) => write!(f, "{n}"),
+        }
+    }
+}
+
 impl StoreConfig {
     /// The defaults, for `database_url`.
     pub fn new(database_url: impl Into<String>) -> Self {
@@ -126,7 +158,7 @@ impl StoreConfig {
             query_timeout: DEFAULT_QUERY_TIMEOUT,
             shared_connections: DEFAULT_SHARED_CONNECTIONS,
             batch_size: DEFAULT_BATCH_SIZE,
-            batch_workers: DEFAULT_BATCH_WORKERS,
+            batch_workers: DEFAULT_BATCH_WORKERS.0,
             replay_cache_bytes: DEFAULT_REPLAY_CACHE_MIB << 20,
             citus_direct: true,
         }
@@ -156,7 +188,7 @@ impl StatementArgs {
             query_timeout: self.query_timeout.into(),
             shared_connections: self.shared_connections,
             batch_size: self.batch_size,
-            batch_workers: self.batch_workers,
+            batch_workers: self.batch_workers.0,
             replay_cache_bytes: self.replay_cache_mib << 20,
             citus_direct: !self.citus_via_coordinator,
         }

@@ -31,8 +31,9 @@ mod tls;
 pub use crate::telemetry::LogFormat;
 pub use auth::AuthArgs;
 pub use database::{
-    DEFAULT_BATCH_SIZE, DEFAULT_CONNECT_WAIT, DEFAULT_POOL_SIZE, DEFAULT_QUERY_TIMEOUT,
-    DEFAULT_REPLAY_CACHE_MIB, DEFAULT_SHARED_CONNECTIONS, DatabaseArgs, PoolArgs, StatementArgs,
+    BatchWorkers, DEFAULT_BATCH_SIZE, DEFAULT_CONNECT_WAIT, DEFAULT_POOL_SIZE,
+    DEFAULT_QUERY_TIMEOUT, DEFAULT_REPLAY_CACHE_MIB, DEFAULT_SHARED_CONNECTIONS, DatabaseArgs,
+    PoolArgs, StatementArgs,
 };
 pub use health::HealthArgs;
 pub use lifecycle::{DEFAULT_DATABASE_WAIT, DEFAULT_HEALTH_INTERVAL, LifecycleArgs};

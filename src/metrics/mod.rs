@@ -27,7 +27,8 @@
 //! labels, the series created at zero) and the functions that record them:
 //! `calls` (every call's status and duration, Acquire's decisions,
 //! refusals on a lease or record), `edge` (requests refused before a
-//! service saw them), `store` (database errors, batches, the replay cache),
+//! service saw them), `store` (database errors, batches and whether they
+//! are pipelined, the replay cache),
 //! `waiters` (waiters, their limits, open streams), `readiness` (readiness
 //! and the LISTEN connection), `sweeper` (sweeping rounds and records
 //! swept) and `snapshot` (the state read at scrape time, and the pool's and
@@ -57,7 +58,9 @@ pub use edge::{Port, request_refused};
 pub use exporter::{Format, MAX_SCRAPE_CONNECTIONS, SnapshotFn, render, serve};
 pub use readiness::{listener_connected, ready};
 pub use snapshot::Snapshot;
-pub use store::{BatchKind, DatabaseError, batch_ran, database_error, replay_lookup};
+pub use store::{
+    BatchKind, DatabaseError, batch_ran, batches_pipelined, database_error, replay_lookup,
+};
 pub use sweeper::{SweepOutcome, sweep_round, swept};
 pub use waiters::{OpenStream, Stream, Waiter, stream_opened, waiter_refused};
 

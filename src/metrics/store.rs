@@ -39,6 +39,10 @@ pub(super) struct Store {
     batch_size: HistogramFamily<KindLabels>,
     group_commits: Family<KindLabels, Counter>,
     batch_queued: Gauge,
+    /// Whether two batches go pipelined on one connection, as the count of
+    /// replicas sharing the database decides (`--batch-workers auto`): an
+    /// operator sees the switch the server logs.
+    pipelined: Gauge,
     replay_lookups: Family<ResultLabels, Counter>,
     replay_bytes: Gauge,
     /// The series every batch or Acquire counts in, taken from their
@@ -69,6 +73,7 @@ impl Store {
             batch_size,
             group_commits,
             batch_queued: Gauge::default(),
+            pipelined: Gauge::default(),
             replay_lookups,
             replay_bytes: Gauge::default(),
         };
@@ -91,6 +96,11 @@ impl Store {
             "batch_queued_calls",
             "Acquires and Completes waiting for a batch worker",
             m.batch_queued.clone(),
+        );
+        r.register(
+            "batches_pipelined",
+            "1 while two batches go pipelined on one connection because no other replica shares the database (--batch-workers auto); 0 while one goes at a time",
+            m.pipelined.clone(),
         );
         r.register(
             "replay_cache_lookups",
@@ -202,6 +212,12 @@ pub fn batch_ran(kind: BatchKind, calls: usize) {
     if calls > 1 {
         group_commits.inc();
     }
+}
+
+/// Batches switched to going two at a time, pipelined on one connection
+/// (`on`), or one at a time.
+pub fn batches_pipelined(on: bool) {
+    METRICS.store.pipelined.set(i64::from(on));
 }
 
 /// An Acquire was looked up in the replay cache.

@@ -7,7 +7,9 @@
 //! - **Waits for company only behind another batch.** With no batch out,
 //!   a worker takes whatever calls are queued the moment they arrive: an
 //!   idle server runs each call alone, at once. With one worker (the
-//!   default) nothing else is ever out. With more, the next batch behind
+//!   default while other replicas share the database) nothing else is
+//!   ever out. With more, or with the default while no other replica shares
+//!   the database (`company`), the next batch behind
 //!   one that is out (on one shared connection, pipelined behind it) goes
 //!   once it carries as many calls, if the one ahead has been out only
 //!   briefly, or else when the one ahead is answered (`take`): the
@@ -61,8 +63,11 @@ use super::clock::{Clock, Stamp};
 use super::mux::{Mux, Shared};
 use super::shards::{self, Routes, ShardMap};
 
+mod company;
 mod take;
 
+use company::Company;
+pub(super) use company::replicas;
 use take::{Flight, take};
 
 /// One call's arguments, owned so it can wait in the queue.
@@ -112,6 +117,10 @@ pub(super) struct Settings {
     pub clock: Clock,
     /// Batches running at once.
     pub workers: usize,
+    /// `--batch-workers auto`: two workers whose batches go on the first
+    /// shared connection, the second pipelined behind the first only while
+    /// no other replica shares the database (`company`).
+    pub auto: bool,
     /// Calls in one statement at most.
     pub max_batch: usize,
     /// The longest a batch's statement is waited for; the earliest deadline
@@ -151,6 +160,9 @@ pub(super) struct Coalescer<C: Call> {
     queue: mpsc::UnboundedSender<Pending<C>>,
     /// Calls sent and not yet taken by a worker.
     queued: Arc<AtomicUsize>,
+    /// The batches out, and with `--batch-workers auto` whether they are
+    /// pipelined (what the probe's count of replicas sets).
+    flight: Arc<Flight>,
 }
 
 impl<C: Call> Coalescer<C> {
@@ -161,7 +173,7 @@ impl<C: Call> Coalescer<C> {
         let receiver = Arc::new(Mutex::new(receiver));
         let queued = Arc::new(AtomicUsize::new(0));
         let settings = Arc::new(settings);
-        let flight = Arc::new(Flight::default());
+        let flight = Arc::new(Flight::new(settings.auto.then(Company::new)));
         for _ in 0..settings.workers.max(1) {
             tokio::spawn(work(
                 Arc::clone(&receiver),
@@ -170,7 +182,25 @@ impl<C: Call> Coalescer<C> {
                 Arc::clone(&flight),
             ));
         }
-        Coalescer { queue, queued }
+        Coalescer {
+            queue,
+            queued,
+            flight,
+        }
+    }
+
+    /// Whether batches are pipelined as the replicas counted say
+    /// (`--batch-workers auto`).
+    pub fn auto(&self) -> bool {
+        self.flight.company().is_some()
+    }
+
+    /// Learns the replicas a probe counted on the database (or why it
+    /// could not count them), and pipelines only while this one is alone.
+    pub fn counted(&self, replicas: Result<u64, StoreError>) {
+        if let Some(company) = self.flight.company() {
+            company.counted(replicas);
+        }
     }
 
     /// Calls waiting for a batch to take them.
@@ -263,7 +293,8 @@ async fn work<C: Call>(
             batch.clear();
             continue;
         }
-        let Some(shared) = connection(&settings.mux, &mut batch).await else {
+        let first = settings.auto.then_some(0);
+        let Some(shared) = connection(&settings.mux, first, &mut batch).await else {
             continue;
         };
         let retired = shared.retired();
@@ -294,13 +325,22 @@ async fn work<C: Call>(
 /// no longer than its calls were prepared to wait to be taken: a call whose
 /// connect wait runs out meanwhile hears UNAVAILABLE then, not after the
 /// wait of a connection attempt begun for calls that came before it. `None`
-/// once every call of the batch has been answered.
-async fn connection<C>(mux: &Mux, batch: &mut Vec<Pending<C>>) -> Option<Arc<Shared>> {
+/// once every call of the batch has been answered. In `slot` if given,
+/// else the next in turn.
+async fn connection<C>(
+    mux: &Mux,
+    slot: Option<usize>,
+    batch: &mut Vec<Pending<C>>,
+) -> Option<Arc<Shared>> {
     loop {
         drop_late(batch);
         let take_by = batch.iter().map(|pending| pending.take_by).min()?;
         let wait = take_by.saturating_duration_since(Instant::now());
-        match mux.get(wait).await {
+        let got = match slot {
+            Some(slot) => mux.slot_within(slot, wait).await,
+            None => mux.get(wait).await,
+        };
+        match got {
             Ok(shared) => {
                 // (Re)connecting may have taken a while.
                 drop_late(batch);
@@ -375,7 +415,7 @@ async fn run_on_nodes<C: Call>(settings: &Settings, batch: &mut Vec<Pending<C>>,
         let mux = node
             .and_then(|node| settings.routes.node(node))
             .unwrap_or_else(|| Arc::clone(&settings.mux));
-        if let Some(shared) = connection(&mux, &mut group).await {
+        if let Some(shared) = connection(&mux, None, &mut group).await {
             run_group(settings, &mux, &mut group, &shared, true).await;
         }
     });

@@ -199,7 +199,11 @@ impl Mux {
     }
 
     /// Slot `index`'s connection, within `wait` in all.
-    async fn slot_within(&self, index: usize, wait: Duration) -> Result<Arc<Shared>, StoreError> {
+    pub async fn slot_within(
+        &self,
+        index: usize,
+        wait: Duration,
+    ) -> Result<Arc<Shared>, StoreError> {
         tokio::time::timeout(wait, self.get_slot(index, wait))
             .await
             .unwrap_or_else(|_| {

@@ -8,6 +8,11 @@
 //! `startup` maps this,
 //! with the listener's state, onto readiness: a database the listener still
 //! reaches is not ready while the calls' own connections fail.
+//!
+//! With `--batch-workers auto`, each probe answered also counts the
+//! replicas sharing the database, on the connection the batches use: the
+//! batches are pipelined only while this replica is alone
+//! (`batch::company`).
 
 use std::time::Duration;
 
@@ -57,7 +62,11 @@ impl Probe {
                 () = stop.cancelled() => return,
                 answered = async {
                     ticks.tick().await;
-                    store.probe(interval).await
+                    let answered = store.probe(interval).await;
+                    if answered.is_ok() {
+                        store.count_replicas(interval).await;
+                    }
+                    answered
                 } => answered,
             };
             let up = answered.is_ok();
@@ -86,6 +95,26 @@ impl Store {
         let answer =
             tokio::time::timeout(limit, async { Ok(client.batch_execute("").await?) }).await;
         self.answered_in_time(client, answer)
+    }
+}
+
+impl Store {
+    /// With `--batch-workers auto`, counts the replicas sharing the
+    /// database (holding this one's place in the count first), within
+    /// `limit`, and tells the batches.
+    async fn count_replicas(&self, limit: Duration) {
+        let (Some(mux), Some(batches)) = (&self.mux, &self.batches) else {
+            return;
+        };
+        if !batches.auto() {
+            return;
+        }
+        let counted = async {
+            let shared = mux.slot_within(0, limit).await?;
+            mux.in_time(&shared, limit, super::batch::replicas(&shared))
+                .await
+        };
+        batches.counted(counted.await);
     }
 }
 

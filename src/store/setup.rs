@@ -31,8 +31,10 @@ pub struct StoreConfig {
     /// Acquires and Completes one statement carries at most, on the shared
     /// connections; 1: each runs alone.
     pub batch_size: usize,
-    /// Batches running at once; 0: two per shared connection.
-    pub batch_workers: usize,
+    /// Batches running at once; 0: two per shared connection; `None`
+    /// (auto): two pipelined on one connection while no other replica
+    /// shares the database, else one at a time.
+    pub batch_workers: Option<usize>,
     /// Memory for SUCCEEDED records that replays are answered from; 0: none.
     pub replay_cache_bytes: u64,
     /// On Citus, calls on shared connections go straight to the node
@@ -116,14 +118,18 @@ impl Store {
                 let settings = batch::Settings {
                     mux: Arc::clone(mux),
                     clock: clock.clone(),
-                    // One worker by default: the biggest batches, the
-                    // fewest commits; more keep the database busy while
-                    // each waits for its commit, each behind another as
-                    // large as it (batch::take, docs/performance.md).
+                    // Auto by default: two pipelined on one connection
+                    // while this replica is alone on the database, else
+                    // one at a time, the biggest batches and the fewest
+                    // commits; more keep the database busy while each
+                    // waits for its commit, each behind another as large
+                    // as it (batch::take, docs/performance.md).
                     workers: match config.batch_workers {
-                        0 => 2 * config.shared_connections,
-                        n => n,
+                        None => 2,
+                        Some(0) => 2 * config.shared_connections,
+                        Some(n) => n,
                     },
+                    auto: config.batch_workers.is_none(),
                     max_batch: config.batch_size,
                     query_timeout: config.query_timeout,
                     routes: Arc::clone(&routes),

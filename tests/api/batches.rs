@@ -27,7 +27,7 @@ async fn gated_app_with(
 ) -> (TestApp, tokio_postgres::Client) {
     let app = spawn_app_with(|c| {
         c.store.shared_connections = 1;
-        c.store.batch_workers = 1;
+        c.store.batch_workers = Some(1);
         configure(c);
     })
     .await;
@@ -326,7 +326,7 @@ async fn two_batching_servers(db: &TestDatabase) -> (TestServer, TestServer) {
             db.url.clone(),
         );
         config.store.shared_connections = 1;
-        config.store.batch_workers = 1;
+        config.store.batch_workers = Some(1);
         config
     };
     tokio::join!(start_server(config()), start_server(config()))

@@ -77,7 +77,7 @@ async fn with_a_pooled_connection_per_call_the_race_still_grants_one_lease() {
 async fn with_two_batches_pipelined_on_one_connection_races_still_grant_one_lease() {
     let app = spawn_app_with(|c| {
         c.store.shared_connections = 1;
-        c.store.batch_workers = 2;
+        c.store.batch_workers = Some(2);
     })
     .await;
     let keys: Vec<String> = (0..40).map(|i| format!("fresh-{i}")).collect();

@@ -323,7 +323,7 @@ async fn gated_servers(db: &Database) -> (Vec<(String, TestServer)>, Gate) {
         let gated = server(db, |c| {
             configure(c);
             c.store.shared_connections = 1;
-            c.store.batch_workers = 1;
+            c.store.batch_workers = Some(1);
         })
         .await;
         let path = format!("group commit {name}").trim_end().to_owned();

@@ -28,6 +28,7 @@ mod http;
 mod in_transaction;
 mod metrics;
 mod migrations;
+mod pipelining;
 mod replays;
 mod replicas;
 mod startup;

@@ -17,7 +17,7 @@ use crate::placement::{group_of, range_of_group, worker_of, writers};
 async fn batching_app() -> Option<CitusApp> {
     spawn_citus_app_with(|c| {
         c.store.shared_connections = 1;
-        c.store.batch_workers = 1;
+        c.store.batch_workers = Some(1);
     })
     .await
 }

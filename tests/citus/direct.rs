@@ -30,7 +30,7 @@ async fn calls_answer_from_the_workers_while_the_coordinator_node_is_down() {
     let alone = server_on(&db, |c| c.store.batch_size = 1).await;
     let batched = server_on(&db, |c| {
         c.store.shared_connections = 1;
-        c.store.batch_workers = 1;
+        c.store.batch_workers = Some(1);
     })
     .await;
     let via = server_on(&db, |c| c.store.citus_direct = false).await;

@@ -1,7 +1,9 @@
 //! When the next batch goes out, and with which calls (`take`): at once
 //! while no batch is out; behind one that is, once it carries as many
-//! calls, as long as the one ahead has been out only briefly; otherwise
-//! when the one ahead is answered. `Flight` keeps the batches out.
+//! calls, as long as the one ahead has been out only briefly and batches
+//! are pipelined (always with a fixed `--batch-workers`; with `auto`, while
+//! no other replica shares the database: `company`); otherwise when the
+//! one ahead is answered. `Flight` keeps the batches out.
 
 use std::sync::Mutex as Plain;
 use std::time::Duration;
@@ -10,6 +12,7 @@ use tokio::sync::{Mutex, Notify, mpsc};
 use tokio::time::Instant;
 
 use super::Pending;
+use super::company::Company;
 
 /// How long a batch may have been out for the next to be sent behind it.
 /// Sending early saves the database the server's turnaround between two
@@ -28,6 +31,10 @@ pub(super) const PIPELINE_WINDOW: Duration = Duration::from_millis(20);
 pub(super) struct Flight {
     out: Plain<Out>,
     landed: Notify,
+    /// With `--batch-workers auto`, whether other replicas share the
+    /// database, and so whether a batch may go behind one out; `None`:
+    /// always (a fixed number of workers).
+    company: Option<Company>,
 }
 
 #[derive(Default)]
@@ -39,6 +46,25 @@ struct Out {
 }
 
 impl Flight {
+    /// No batch out; batches pipelined as `company` says (`None`: always).
+    pub(super) fn new(company: Option<Company>) -> Self {
+        Flight {
+            company,
+            ..Flight::default()
+        }
+    }
+
+    /// Whether another replica shares the database, as the probes count
+    /// it; `None` with a fixed number of workers.
+    pub(super) fn company(&self) -> Option<&Company> {
+        self.company.as_ref()
+    }
+
+    /// Whether a batch may go behind one out, before it lands.
+    fn pipelining(&self) -> bool {
+        self.company.as_ref().is_none_or(Company::pipelining)
+    }
+
     /// Counts a batch of `calls` out until the returned guard is dropped.
     pub(super) fn board(&self, calls: usize) -> Boarded<'_> {
         let since = Instant::now();
@@ -95,7 +121,8 @@ impl Drop for Boarded<'_> {
 /// - With no batch out, at once: an idle database gets each call the
 ///   moment it arrives.
 /// - Behind batches out, once as many calls are queued as they carry
-///   (or `max`), while the first of them has been out less than [`PIPELINE_WINDOW`]:
+///   (or `max`), while the first of them has been out less than [`PIPELINE_WINDOW`]
+///   and batches are pipelined (`Flight::new`):
 ///   the batch then goes before the one ahead has landed (on one shared
 ///   connection it is pipelined behind it, and the database starts it
 ///   the moment the other commits, without waiting for this server's
@@ -124,7 +151,10 @@ pub(super) async fn take<C>(
         let Some((out, first_since)) = flight.state() else {
             return true;
         };
-        if batch.len() >= out.min(max) && first_since.elapsed() < PIPELINE_WINDOW {
+        if flight.pipelining()
+            && batch.len() >= out.min(max)
+            && first_since.elapsed() < PIPELINE_WINDOW
+        {
             return true;
         }
         let room = max - batch.len();
@@ -257,6 +287,40 @@ mod tests {
             3,
             "fewer than were out, and all that were queued"
         );
+    }
+
+    /// With `--batch-workers auto` and another replica on the database,
+    /// batches go one at a time, as a single worker sends them.
+    #[tokio::test(start_paused = true)]
+    async fn while_not_pipelining_a_full_batch_waits_for_the_one_ahead_to_land() {
+        let (sender, receiver) = queue();
+        let flight = Flight::new(Some(Company::new()));
+        let out = flight.board(2);
+        let mut batch = Vec::new();
+        send(&sender, 5);
+        let taken = {
+            let mut next = pin!(take(&receiver, &mut batch, 4, &flight));
+            assert!(poll!(next.as_mut()).is_pending(), "a full batch waits");
+            drop(out);
+            poll!(next.as_mut())
+        };
+        assert_eq!(taken, Poll::Ready(true));
+        assert_eq!(batch.len(), 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn once_counted_alone_a_full_batch_goes_behind_the_one_out() {
+        let (sender, receiver) = queue();
+        let flight = Flight::new(Some(Company::new()));
+        let company = flight.company().expect("auto");
+        for _ in 0..super::super::company::ALONE_PROBES {
+            company.counted(Ok(1));
+        }
+        let _out = flight.board(2);
+        let mut batch = Vec::new();
+        send(&sender, 5);
+        assert!(take(&receiver, &mut batch, 4, &flight).await);
+        assert_eq!(batch.len(), 4);
     }
 
     /// A statement out that long may be on a connection that stopped
