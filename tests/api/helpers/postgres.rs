@@ -7,7 +7,8 @@
 //! - Else a private PostgreSQL of the binary's own, started by the code
 //!   `serve` starts its own with (`idempotency_coordinator::embedded`: the
 //!   machine's programs, else PostgreSQL 17 downloaded once), on a free port
-//!   of 127.0.0.1, in a data dir under the temp dir that later runs reuse.
+//!   of 127.0.0.1, in a data dir under the temp dir that later runs with the
+//!   same programs reuse (one made by another PostgreSQL would not start).
 //!
 //! The private one is started from a thread that lives as long as the
 //! test binary, and `embedded` ties the postmaster to the thread that
@@ -17,12 +18,13 @@
 //! libtest lacks. The next test binary of a `cargo test` run starts its own
 //! on the same data dir, waiting for the previous one to finish stopping.
 
+use std::hash::{DefaultHasher, Hash as _, Hasher as _};
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use idempotency_coordinator::embedded::{Embedded, EmbeddedError};
+use idempotency_coordinator::embedded::{Embedded, EmbeddedError, binaries};
 use idempotency_coordinator::store::connect_error::{check_url, probe};
 
 const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
@@ -132,9 +134,10 @@ fn start_private(why_not_default: &str) -> String {
 /// The private database, in the first of [`DATA_DIRS`] data dirs under
 /// the temp dir that no other test binary holds.
 async fn start_in_a_free_data_dir() -> Result<Embedded, EmbeddedError> {
+    let bin = binaries().await?;
     let mut last = None;
     for n in 0..DATA_DIRS {
-        let dir = data_dir(n);
+        let dir = data_dir(&bin, n);
         match Embedded::start_on_port(&dir, free_port()).await {
             Err(EmbeddedError::InUse(dir)) => last = Some(EmbeddedError::InUse(dir)),
             other => return other,
@@ -143,8 +146,14 @@ async fn start_in_a_free_data_dir() -> Result<Embedded, EmbeddedError> {
     Err(last.expect("at least one data dir was tried"))
 }
 
-fn data_dir(n: usize) -> PathBuf {
-    std::env::temp_dir().join(format!("idempotency-tests-postgres-{n}"))
+/// The `n`th data dir of the PostgreSQL programs in `bin`.
+fn data_dir(bin: &Path, n: usize) -> PathBuf {
+    let mut programs = DefaultHasher::new();
+    bin.hash(&mut programs);
+    std::env::temp_dir().join(format!(
+        "idempotency-tests-postgres-{:08x}-{n}",
+        programs.finish() as u32
+    ))
 }
 
 /// A port of 127.0.0.1 nothing listens on right now.
