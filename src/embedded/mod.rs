@@ -417,7 +417,7 @@ async fn create_database(admin: &tokio_postgres::Client) -> Result<(), EmbeddedE
 }
 
 /// Starts the postmaster on the data dir's database files, listening on its
-/// socket alone.
+/// socket alone (and on 127.0.0.1 when `files` names a port).
 fn spawn_postmaster(bin: &Path, files: &Files) -> Result<tokio::process::Child, EmbeddedError> {
     let mut postgres = command(bin, "postgres", files.owner);
     let listen = match files.port {
@@ -443,7 +443,10 @@ fn spawn_postmaster(bin: &Path, files: &Files) -> Result<tokio::process::Child, 
         .process_group(0);
     // SAFETY: prctl is async-signal-safe. It runs after the user change,
     // which would otherwise clear it: the database gets SIGINT (a fast
-    // shutdown) when this process ends, however it ends.
+    // shutdown) when this process ends, however it ends. Strictly, when the
+    // thread that spawns it ends: a caller that starts the database from a
+    // short-lived thread must keep that thread alive (the tests' harness
+    // does, `tests/api/helpers/postgres.rs`).
     unsafe {
         postgres.pre_exec(|| {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGINT) == -1 {
