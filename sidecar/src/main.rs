@@ -2,6 +2,8 @@
 //! (`--worker-threads`) and logging, start the sidecar, and drain on SIGTERM
 //! or Ctrl-C.
 
+use std::io::IsTerminal as _;
+
 use clap::Parser as _;
 use idempotency_sidecar::config::Args;
 use tracing_subscriber::EnvFilter;
@@ -33,6 +35,9 @@ async fn serve(args: Args) -> std::process::ExitCode {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Colours for a terminal only: a log file or a collector gets the
+        // text without escape sequences.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     if args.log_format == "json" {
         logs.json().init();

@@ -56,7 +56,7 @@ fn bin_dir_under(dir: &Path) -> Option<PathBuf> {
 }
 
 /// The machine's binaries, else ones downloaded before, else downloaded now.
-pub(super) async fn binaries() -> Result<PathBuf, EmbeddedError> {
+pub async fn binaries() -> Result<PathBuf, EmbeddedError> {
     if let Some(bin) = find_binaries() {
         return Ok(bin);
     }

@@ -10,6 +10,9 @@
 //! - The database listens on a Unix socket in the data dir only, never on a
 //!   TCP address, and trusts local connections: it is reachable by this
 //!   machine's users who can enter the data dir, which only its owner can.
+//!   The test suites' private database ([`Embedded::start_on_port`]) also
+//!   listens on a port of 127.0.0.1, as the PostgreSQL they otherwise use
+//!   does (their proxies that cut the database's network need one).
 //! - PostgreSQL refuses to run as root (as containers and CI do): then it
 //!   runs as `nobody`, which owns the database files, and the default data
 //!   dir is `/var/lib/idempotency-coordinator`, which `nobody` can reach.
@@ -28,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use tokio::process::{Child, Command};
 
-use binaries::binaries;
+pub use binaries::binaries;
 
 mod binaries;
 
@@ -134,6 +137,11 @@ fn nobody() -> Option<(u32, u32)> {
 /// A running private PostgreSQL.
 pub struct Embedded {
     data_dir: PathBuf,
+    /// The port of 127.0.0.1 it also listens on, when started with one: its
+    /// URL then goes there.
+    port: Option<u16>,
+    /// The directory of the programs it runs, for saying which PostgreSQL.
+    bin: PathBuf,
     postmaster: Child,
     /// Held for as long as this coordinator uses the data dir.
     _lock: File,
@@ -144,6 +152,17 @@ impl Embedded {
     /// returns once it accepts connections and has the coordinator's
     /// database.
     pub async fn start(data_dir: &Path) -> Result<Embedded, EmbeddedError> {
+        Self::start_with(data_dir, None).await
+    }
+
+    /// As [`Embedded::start`], and listening on 127.0.0.1:`port` as well
+    /// (trusting every connection there, as a test database does): for test
+    /// suites, which reach their database over TCP.
+    pub async fn start_on_port(data_dir: &Path, port: u16) -> Result<Embedded, EmbeddedError> {
+        Self::start_with(data_dir, Some(port)).await
+    }
+
+    async fn start_with(data_dir: &Path, port: Option<u16>) -> Result<Embedded, EmbeddedError> {
         let started = Instant::now();
         let (data_dir, lock) = lock_data_dir(data_dir)?;
         let bin = binaries().await?;
@@ -152,7 +171,7 @@ impl Embedded {
         } else {
             None
         };
-        let files = Files::prepare(&data_dir, owner)?;
+        let files = Files::prepare(&data_dir, owner, port)?;
         if !files.pgdata.join("PG_VERSION").exists() {
             init_database_files(&bin, &files).await?;
         }
@@ -166,14 +185,25 @@ impl Embedded {
         );
         Ok(Embedded {
             data_dir,
+            port,
+            bin,
             postmaster,
             _lock: lock,
         })
     }
 
-    /// The connection string of the coordinator's database.
+    /// The connection string of the coordinator's database: on
+    /// 127.0.0.1 when started on a port, else its socket.
     pub fn database_url(&self) -> String {
-        database_url(&self.data_dir)
+        match self.port {
+            Some(port) => format!("postgres://postgres@127.0.0.1:{port}/{DATABASE}"),
+            None => database_url(&self.data_dir),
+        }
+    }
+
+    /// The directory of the PostgreSQL programs it runs.
+    pub fn binaries(&self) -> &Path {
+        &self.bin
     }
 
     /// Stops the database (fast shutdown: sessions end, data is flushed) and
@@ -235,18 +265,26 @@ struct Files {
     log: PathBuf,
     /// Who the database runs as, when not as this process's user.
     owner: Option<(u32, u32)>,
+    /// The port of 127.0.0.1 it also listens on, if any; the socket's name
+    /// carries it too.
+    port: Option<u16>,
 }
 
 impl Files {
     /// Creates the database's and the socket's directories, private to
     /// `owner` (or this process's user).
-    fn prepare(data_dir: &Path, owner: Option<(u32, u32)>) -> Result<Files, EmbeddedError> {
+    fn prepare(
+        data_dir: &Path,
+        owner: Option<(u32, u32)>,
+        port: Option<u16>,
+    ) -> Result<Files, EmbeddedError> {
         let files = Files {
             data_dir: data_dir.to_owned(),
             pgdata: data_dir.join("postgres"),
             socket: socket_dir(data_dir),
             log: data_dir.join("postgres.log"),
             owner,
+            port,
         };
         for dir in [&files.pgdata, &files.socket] {
             std::fs::create_dir_all(dir).map_err(|e| files.dir_error(e))?;
@@ -317,8 +355,9 @@ async fn start_postmaster(
     files: &Files,
 ) -> Result<(Child, tokio_postgres::Client), EmbeddedError> {
     let url = format!(
-        "host={} user=postgres dbname=postgres",
-        files.socket.display()
+        "host={} port={} user=postgres dbname=postgres",
+        files.socket.display(),
+        files.port.unwrap_or(5432)
     );
     let deadline = Instant::now() + START_TIMEOUT;
     let leftovers_by = Instant::now() + LEFTOVERS_WAIT;
@@ -378,20 +417,23 @@ async fn create_database(admin: &tokio_postgres::Client) -> Result<(), EmbeddedE
 }
 
 /// Starts the postmaster on the data dir's database files, listening on its
-/// socket alone.
+/// socket alone (and on 127.0.0.1 when `files` names a port).
 fn spawn_postmaster(bin: &Path, files: &Files) -> Result<tokio::process::Child, EmbeddedError> {
     let mut postgres = command(bin, "postgres", files.owner);
+    let listen = match files.port {
+        Some(port) => vec![
+            "listen_addresses=127.0.0.1".to_owned(),
+            format!("port={port}"),
+        ],
+        None => vec!["listen_addresses=".to_owned()],
+    };
     postgres
         .arg("-D")
         .arg(&files.pgdata)
         .arg("-k")
         .arg(&files.socket)
-        .args([
-            "-c",
-            "listen_addresses=",
-            "-c",
-            "unix_socket_permissions=0700",
-        ])
+        .args(listen.iter().flat_map(|setting| ["-c", setting]))
+        .args(["-c", "unix_socket_permissions=0700"])
         .stdout(files.log_file()?)
         .stderr(files.log_file()?)
         // A process group of its own: Ctrl-C in a terminal interrupts
@@ -401,7 +443,10 @@ fn spawn_postmaster(bin: &Path, files: &Files) -> Result<tokio::process::Child, 
         .process_group(0);
     // SAFETY: prctl is async-signal-safe. It runs after the user change,
     // which would otherwise clear it: the database gets SIGINT (a fast
-    // shutdown) when this process ends, however it ends.
+    // shutdown) when this process ends, however it ends. Strictly, when the
+    // thread that spawns it ends: a caller that starts the database from a
+    // short-lived thread must keep that thread alive (the tests' harness
+    // does, `tests/api/helpers/postgres.rs`).
     unsafe {
         postgres.pre_exec(|| {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGINT) == -1 {

@@ -50,7 +50,7 @@ async fn with_the_database_unreachable_the_server_is_live_not_ready_and_answers_
 #[tokio::test]
 async fn readiness_follows_the_database_away_and_back_on_its_own() {
     let db = TestDatabase::create().await;
-    let proxy = DatabaseProxy::start("127.0.0.1:5432".parse().unwrap()).await;
+    let proxy = DatabaseProxy::start(database_addr()).await;
     let mut config = ServeConfig::new("127.0.0.1:0".parse().unwrap(), proxy.url_for(&db));
     config.store.connect_wait = Duration::from_millis(300);
     let server = start_server(config).await;

@@ -99,7 +99,7 @@ async fn two_replicas_agree_once_a_record_both_replayed_has_expired() {
 #[tokio::test]
 async fn a_replay_is_answered_from_memory_while_the_database_is_unreachable() {
     let db = TestDatabase::create().await;
-    let proxy = DatabaseProxy::start("127.0.0.1:5432".parse().unwrap()).await;
+    let proxy = DatabaseProxy::start(database_addr()).await;
     let mut config = ServeConfig::new("127.0.0.1:0".parse().unwrap(), proxy.url_for(&db));
     config.store.connect_wait = Duration::from_millis(300);
     let server = start_server(config).await;

@@ -39,12 +39,10 @@ fn installed() -> bool {
     if Path::new(CITUS_SO).exists() {
         return true;
     }
-    if std::env::var_os("CI").is_some() {
-        panic!("Citus is not installed ({CITUS_SO} is missing): run `bash .ci/citus`");
-    }
-    eprintln!(
-        "\n*** SKIPPED: Citus is not installed ({CITUS_SO} is missing); \
-         run `bash .ci/citus` to run the Citus tests ***\n"
+    crate::skip::skip_without(
+        &format!("Citus ({CITUS_SO})"),
+        "the Citus tests",
+        "bash .ci/citus",
     );
     false
 }

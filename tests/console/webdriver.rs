@@ -29,12 +29,10 @@ pub fn installed() -> bool {
     if Path::new(CHROMIUM).exists() && Path::new(CHROMEDRIVER).exists() {
         return true;
     }
-    if std::env::var_os("CI").is_some() {
-        panic!("Chromium is not installed ({CHROMIUM}, {CHROMEDRIVER}): run `bash .ci/chromium`");
-    }
-    eprintln!(
-        "\n*** SKIPPED: Chromium is not installed ({CHROMIUM}, {CHROMEDRIVER}); \
-         run `bash .ci/chromium` to run the console's browser tests ***\n"
+    crate::helpers::skip_without(
+        &format!("Chromium ({CHROMIUM}, {CHROMEDRIVER})"),
+        "the console's browser tests",
+        "bash .ci/chromium",
     );
     false
 }

@@ -24,4 +24,6 @@ mod placement;
 mod rebalance;
 mod server_log;
 mod setup;
+#[path = "../../../tests/api/helpers/skip.rs"]
+mod skip;
 mod worker_down;

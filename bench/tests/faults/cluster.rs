@@ -22,24 +22,25 @@ fn owner() -> Option<(u32, u32)> {
     }
 }
 
-/// The machine's PostgreSQL server binaries, newest major version first.
+/// The PostgreSQL server binaries, found as the server's private database
+/// finds them (`embedded::binaries`: the machine's, else PostgreSQL 17
+/// downloaded once), so that a machine with Rust alone runs these tests.
 fn bin_dir() -> PathBuf {
-    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let version = e.file_name().to_str()?.parse::<u32>().ok()?;
-            let bin = e.path().join("bin");
-            (bin.join("initdb").is_file() && bin.join("postgres").is_file())
-                .then_some((version, bin))
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        // A runtime of its own: the caller may be on a test's runtime.
+        std::thread::spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime")
+                .block_on(idempotency_coordinator::embedded::binaries())
         })
-        .collect();
-    found.sort();
-    found
-        .pop()
-        .map(|(_, bin)| bin)
-        .expect("PostgreSQL server binaries under /usr/lib/postgresql/*/bin")
+        .join()
+        .expect("the thread ran")
+        .unwrap_or_else(|e| panic!("no PostgreSQL server binaries: {e}"))
+    })
+    .clone()
 }
 
 fn chown_tree(path: &Path, owner: Option<(u32, u32)>) {

@@ -20,6 +20,7 @@ mod process;
 mod concurrency;
 mod failures;
 mod latency;
+mod logs;
 mod operations;
 mod refusals;
 mod replays;

@@ -1,11 +1,25 @@
 //! Databases: a fresh one per test, a proxy that can cut it, and what its table holds.
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, ToSocketAddrs as _};
 
-pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+#[path = "postgres.rs"]
+mod postgres;
 
-pub fn database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned())
+pub use postgres::database_url;
+
+/// The TCP address of the tests' PostgreSQL, for a proxy in front of it.
+pub fn database_addr() -> SocketAddr {
+    let config: tokio_postgres::Config = database_url().parse().expect("the database URL parses");
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        other => panic!("these tests need a database URL over TCP, not {other:?}"),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    (host.as_str(), port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .expect("the database host resolves")
 }
 
 /// `url` pointing at database `name` instead (URL or key=value form).

@@ -11,6 +11,7 @@ mod polling;
 mod process;
 mod requests;
 mod server;
+mod skip;
 mod totals;
 mod webhook;
 
@@ -25,5 +26,6 @@ pub use polling::*;
 pub use process::*;
 pub use requests::*;
 pub use server::*;
+pub use skip::*;
 pub use totals::*;
 pub use webhook::*;
