@@ -16,6 +16,7 @@ use hyper::body::Incoming;
 use idempotency_client::{Done, Lease, RunOnceError, RunOptions, WhenLeaseLost, WorkError};
 
 use crate::body::{self, ProxyBody, Read};
+use crate::conn::OnConn;
 use crate::fingerprint;
 use crate::key::{self, IdempotencyKey};
 use crate::problem::Problem;
@@ -23,6 +24,7 @@ use crate::proxy::{Outcome, Proxy};
 use crate::routes::Route;
 use crate::stored::{ResponseCodec, StoredResponse};
 use crate::upstream::{ATTEMPT, FENCING_TOKEN, UpstreamError, is_hop_by_hop, strip_hop_by_hop};
+use crate::waiters::Waiting;
 
 /// Marks a replayed answer.
 pub const REPLAYED: http::HeaderName = http::HeaderName::from_static("idempotent-replayed");
@@ -70,7 +72,7 @@ pub async fn run(
     key: IdempotencyKey,
     head: Parts,
     body: Bytes,
-    held: tokio::sync::OwnedSemaphorePermit,
+    held: crate::budget::Held,
 ) -> (Response<ProxyBody>, Outcome) {
     let fingerprint = fingerprint::of(&fingerprint::Request {
         method: &head.method,
@@ -101,6 +103,10 @@ pub async fn run(
         when_lease_lost: WhenLeaseLost::LetFinish,
         ..RunOptions::default()
     };
+    let waiting = match admit_waiter(&proxy, &head, wait) {
+        Ok(waiting) => waiting,
+        Err(refused) => return refused,
+    };
     let slot: Slot = Arc::default();
     let task = {
         let (proxy, route, slot) = (Arc::clone(&proxy), route.clone(), Arc::clone(&slot));
@@ -108,8 +114,12 @@ pub async fn run(
         // upstream call nor the recording of its outcome.
         tokio::spawn(async move {
             let work = |lease| attempt(&proxy, &route, lease, head, body, &slot);
-            let decided = proxy
-                .coordinator
+            let coordinator = if waiting.is_some() {
+                &proxy.waiters.coordinator
+            } else {
+                &proxy.coordinator
+            };
+            let decided = coordinator
                 .run_once_with_codec(
                     &ResponseCodec,
                     &route.scope,
@@ -120,7 +130,7 @@ pub async fn run(
                 )
                 .await;
             // The body's room in the budget, held as long as the body.
-            drop(held);
+            drop((held, waiting));
             decided
         })
     };
@@ -138,6 +148,27 @@ pub async fn run(
     };
     let kept = slot.lock().ok().and_then(|mut s| s.take());
     answer(&proxy, &route, decided, kept)
+}
+
+/// A request that waits does so on the waiters' channel, within their
+/// bounds (503 busy past them); one that does not (`None`) decides on the
+/// deciders' channel.
+fn admit_waiter(
+    proxy: &Proxy,
+    head: &Parts,
+    wait: Duration,
+) -> Result<Option<Waiting>, (Response<ProxyBody>, Outcome)> {
+    if wait.is_zero() {
+        return Ok(None);
+    }
+    match proxy.waiters.admit(head.extensions.get::<OnConn>()) {
+        Some(waiting) => Ok(Some(waiting)),
+        None => {
+            let detail = "too many requests are waiting (Prefer: wait) at once; retry";
+            let retry = Some(Duration::from_secs(1));
+            Err(problem(proxy, Problem::Busy, detail, retry))
+        }
+    }
 }
 
 /// One run of the upstream under `lease`: the answer to store, or why
