@@ -103,9 +103,10 @@ pub async fn run(
         when_lease_lost: WhenLeaseLost::LetFinish,
         ..RunOptions::default()
     };
-    let waiting = match admit_waiter(&proxy, &head, wait) {
-        Ok(waiting) => waiting,
-        Err(refused) => return refused,
+    let Ok(waiting) = admit_waiter(&proxy, &head, wait) else {
+        let detail = "too many requests are waiting (Prefer: wait) at once; retry";
+        let retry = Some(Duration::from_secs(1));
+        return problem(&proxy, Problem::Busy, detail, retry);
     };
     let slot: Slot = Arc::default();
     let task = {
@@ -150,6 +151,10 @@ pub async fn run(
     answer(&proxy, &route, decided, kept)
 }
 
+/// Every waiter slot (of the sidecar's, or of the request's connection)
+/// is taken.
+struct TooManyWaiters;
+
 /// A request that waits does so on the waiters' channel, within their
 /// bounds (503 busy past them); one that does not (`None`) decides on the
 /// deciders' channel.
@@ -157,18 +162,12 @@ fn admit_waiter(
     proxy: &Proxy,
     head: &Parts,
     wait: Duration,
-) -> Result<Option<Waiting>, (Response<ProxyBody>, Outcome)> {
+) -> Result<Option<Waiting>, TooManyWaiters> {
     if wait.is_zero() {
         return Ok(None);
     }
-    match proxy.waiters.admit(head.extensions.get::<OnConn>()) {
-        Some(waiting) => Ok(Some(waiting)),
-        None => {
-            let detail = "too many requests are waiting (Prefer: wait) at once; retry";
-            let retry = Some(Duration::from_secs(1));
-            Err(problem(proxy, Problem::Busy, detail, retry))
-        }
-    }
+    let conn = head.extensions.get::<OnConn>();
+    proxy.waiters.admit(conn).map(Some).ok_or(TooManyWaiters)
 }
 
 /// One run of the upstream under `lease`: the answer to store, or why

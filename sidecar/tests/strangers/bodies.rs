@@ -14,7 +14,7 @@ const LEGITIMATE: usize = 40;
 
 fn slow_request(i: usize) -> Vec<u8> {
     // Half declare 1 MiB, half are chunked; each sends one byte of body.
-    let (framing, first) = if i % 2 == 0 {
+    let (framing, first) = if i.is_multiple_of(2) {
         ("content-length: 1048576", "{")
     } else {
         ("transfer-encoding: chunked", "1\r\n{\r\n")
