@@ -239,6 +239,15 @@ pub struct Args {
         default_value = "5s"
     )]
     pub request_body_idle_timeout: humantime::Duration,
+    /// Upstream answers of keyed requests held at once until sent, in MiB
+    /// (each byte counted three times: read, encoded, sent to the
+    /// coordinator); past it, answers wait for room.
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_SIDECAR_MAX_INFLIGHT_ANSWER_MIB",
+        default_value_t = 64
+    )]
+    pub max_inflight_answer_mib: u32,
 }
 
 /// A flag whose value cannot be used.
@@ -408,6 +417,19 @@ impl Args {
             .checked_mul(1024)
             .filter(|kib| (1..=crate::proxy::MAX_BUDGET_KIB).contains(kib))
             .ok_or_else(|| flag("max-inflight-body-per-client-mib", "1 to 1048576"))
+    }
+
+    /// The answer budget, in KiB: room for at least one largest answer.
+    pub fn answer_budget_kib(&self) -> Result<u32, ConfigError> {
+        let one = self.max_stored_bytes.saturating_mul(crate::answers::COPIES) / 1024 + 1;
+        self.max_inflight_answer_mib
+            .checked_mul(1024)
+            .filter(|kib| (1..=crate::proxy::MAX_BUDGET_KIB).contains(kib))
+            .filter(|kib| *kib as usize >= one)
+            .ok_or_else(|| {
+                let why = "1 to 1048576, and room for three copies of --max-stored-bytes";
+                flag("max-inflight-answer-mib", why)
+            })
     }
 
     /// The upstream's base URI, checked.

@@ -12,9 +12,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use idempotency_client::{Done, Lease, RunOnceError, RunOptions, WhenLeaseLost, WorkError};
 
+use crate::answers::Charge;
 use crate::body::{self, ProxyBody, Read};
 use crate::conn::OnConn;
 use crate::fingerprint;
@@ -36,6 +38,8 @@ pub struct Answer {
     status: StatusCode,
     headers: HeaderMap,
     body: Bytes,
+    /// Its room in the answer budget, held until it has been sent.
+    charge: Option<Arc<Charge>>,
 }
 
 /// Why an attempt produced no answer to store.
@@ -204,7 +208,14 @@ async fn attempt(
     let limit = proxy.settings.max_stored_bytes;
     let budget = limit.saturating_sub(StoredResponse::encoded_len(&stored_headers, 0));
     let left = upstream.timeout.saturating_sub(started.elapsed());
-    let read = match tokio::time::timeout(left, body::read_limited(incoming, budget)).await {
+    let mut charge = proxy.answers.charge();
+    let declared = http_body::Body::size_hint(&incoming).upper();
+    let expected = declared.map_or(budget, |bytes| usize::try_from(bytes).unwrap_or(budget));
+    let reading = async {
+        charge.reserve(expected.min(budget)).await;
+        body::read_limited(incoming, budget).await
+    };
+    let read = match tokio::time::timeout(left, reading).await {
         Ok(Ok(read)) => read,
         Ok(Err(e)) => {
             let error = UpstreamError::Unreachable(format!("the body broke off: {e}"));
@@ -232,6 +243,7 @@ async fn attempt(
         status: head.status,
         headers: head.headers,
         body: body.clone(),
+        charge: Some(Arc::new(charge)),
     };
     if upstream.is_retryable(answer.status) {
         let after = key::retry_after_seconds(&answer.headers)
@@ -275,6 +287,7 @@ fn answer(
                 status: done.value.status,
                 headers: done.value.header_map(),
                 body: done.value.body,
+                charge: None,
             });
             (respond(answer), "stored")
         }
@@ -366,7 +379,17 @@ fn problem(
 }
 
 fn respond(answer: Answer) -> Response<ProxyBody> {
-    let mut response = Response::new(body::full(answer.body));
+    let mut body = body::full(answer.body);
+    if let Some(charge) = answer.charge {
+        // The answer's room in the budget is held until it has been sent.
+        body = body
+            .map_frame(move |frame| {
+                let _held = &charge;
+                frame
+            })
+            .boxed_unsync();
+    }
+    let mut response = Response::new(body);
     *response.status_mut() = answer.status;
     *response.headers_mut() = answer.headers;
     response

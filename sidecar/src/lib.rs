@@ -17,6 +17,7 @@
 //! - [`stored`]: the stored answer's byte format.
 //! - [`problem`]: RFC 9457 problem answers.
 //! - [`body`]: bounded body reading.
+//! - [`answers`]: the budget of upstream answers held until sent.
 //! - [`budget`]: the body budget, charged as bytes arrive, shared by client.
 //! - [`waiters`]: bounds on waiting requests; their coordinator channel.
 //! - [`server`]: the client listener, its limits and drain.
@@ -26,6 +27,7 @@
 //! - [`ops`]: readiness following the coordinator; the metrics listener.
 //! - [`metrics`]: what is counted.
 
+pub mod answers;
 pub mod body;
 pub mod budget;
 pub mod config;
@@ -141,6 +143,7 @@ pub async fn start(args: &Args) -> Result<Running, StartError> {
             args.request_body_idle_timeout.into(),
         ),
         waiters: waiters::Waiters::new(args.max_waiters, waits),
+        answers: answers::AnswerBudget::new(args.answer_budget_kib()?),
     });
     let listener = bind(args.listen).await?;
     let metrics_listener = bind(args.metrics_listen).await?;

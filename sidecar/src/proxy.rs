@@ -69,6 +69,8 @@ pub struct Proxy {
     /// Requests that wait (`Prefer: wait`), bounded, on a coordinator
     /// channel of their own.
     pub waiters: crate::waiters::Waiters,
+    /// Upstream answers read whole, held at once until sent.
+    pub answers: crate::answers::AnswerBudget,
 }
 
 /// What a request ended as, for the metrics.

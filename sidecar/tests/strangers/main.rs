@@ -24,6 +24,7 @@ mod support;
 #[allow(dead_code)]
 mod upstream;
 
+mod answers;
 mod bodies;
 mod connections;
 mod raw;
