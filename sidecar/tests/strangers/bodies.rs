@@ -44,6 +44,7 @@ async fn sixty_four_slow_anonymous_bodies_leave_95_percent_of_keyed_posts_served
             served += 1;
         }
     }
+    eprintln!("{served} of {LEGITIMATE} keyed POSTs served with {SLOW} slow bodies held");
     assert!(
         served * 100 >= LEGITIMATE * 95,
         "{served} of {LEGITIMATE} keyed POSTs served with {SLOW} slow bodies held"
