@@ -69,3 +69,59 @@ where
     let rest = http_body_util::BodyStream::new(body.map_err(Into::into));
     http_body_util::StreamBody::new(first.chain(rest)).boxed_unsync()
 }
+
+/// Why a body read against the budget was given up.
+#[derive(Debug)]
+pub enum Refused {
+    /// It is over the limit.
+    TooLarge,
+    /// The budget, or the client's share, has no room for it.
+    Busy,
+    /// No chunk arrived for this long.
+    Idle(std::time::Duration),
+    /// It did not arrive whole within this.
+    Late(std::time::Duration),
+    /// It broke off.
+    Broke(BoxError),
+}
+
+/// Reads `body` whole, up to `limit` bytes, charging `held` for what is
+/// buffered as it arrives (never for a declared length), with at most
+/// `idle` between two chunks.
+pub async fn read_charged<B>(
+    mut body: B,
+    limit: usize,
+    held: &mut crate::budget::Held,
+    idle: std::time::Duration,
+) -> Result<Bytes, Refused>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    if body.size_hint().lower() > limit as u64 {
+        return Err(Refused::TooLarge);
+    }
+    let mut buffer = BytesMut::new();
+    loop {
+        let frame = match tokio::time::timeout(idle, body.frame()).await {
+            Err(_) => return Err(Refused::Idle(idle)),
+            Ok(None) => return Ok(buffer.freeze()),
+            Ok(Some(Err(error))) => return Err(Refused::Broke(error.into())),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if buffer.len() + data.len() > limit {
+            return Err(Refused::TooLarge);
+        }
+        if !held.grow_to(buffer.len() + data.len()) {
+            return Err(Refused::Busy);
+        }
+        buffer.extend_from_slice(&data);
+        // What the buffer took, not only what it holds.
+        if !held.grow_to(buffer.capacity()) {
+            return Err(Refused::Busy);
+        }
+    }
+}

@@ -125,7 +125,7 @@ pub struct Args {
     )]
     pub max_stored_bytes: usize,
     /// The bodies of requests with a key held at once, in MiB (each counts
-    /// its announced length, else its limit); past it, 503.
+    /// the bytes that have arrived); past it, 503.
     #[arg(
         long,
         env = "IDEMPOTENCY_SIDECAR_MAX_INFLIGHT_BODY_MIB",
@@ -184,7 +184,8 @@ pub struct Args {
     /// Concurrent HTTP/2 streams per client connection.
     #[arg(long, env = "IDEMPOTENCY_SIDECAR_MAX_STREAMS", default_value_t = 1000)]
     pub max_streams: u32,
-    /// How long a client has to send a request's head (HTTP/1.1).
+    /// How long a new connection has to send its first byte, and a
+    /// request its head (HTTP/1.1).
     #[arg(
         long,
         env = "IDEMPOTENCY_SIDECAR_HEADER_READ_TIMEOUT",
@@ -209,6 +210,44 @@ pub struct Args {
     /// the machine has (not the container's CPU limit); N for N.
     #[arg(long, env = "IDEMPOTENCY_SIDECAR_WORKER_THREADS", default_value_t = 1)]
     pub worker_threads: usize,
+    /// A client connection with no request open for this long is closed
+    /// (a full connection table closes the one idle the longest sooner).
+    #[arg(long, env = "IDEMPOTENCY_SIDECAR_IDLE_TIMEOUT", default_value = "60s")]
+    pub idle_timeout: humantime::Duration,
+    /// Requests that wait (`Prefer: wait`) at once in all; past it, 503.
+    #[arg(long, env = "IDEMPOTENCY_SIDECAR_MAX_WAITERS", default_value_t = 512)]
+    pub max_waiters: usize,
+    /// Requests that wait at once on one client connection; past it, 503.
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_SIDECAR_MAX_WAITERS_PER_CONNECTION",
+        default_value_t = 32
+    )]
+    pub max_waiters_per_connection: usize,
+    /// What one client's bodies (by `--tenant-header` value, else address)
+    /// hold of `--max-inflight-body-mib` at once, in MiB.
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_SIDECAR_MAX_INFLIGHT_BODY_PER_CLIENT_MIB",
+        default_value_t = 16
+    )]
+    pub max_inflight_body_per_client_mib: u32,
+    /// The longest pause between two chunks of a keyed request's body.
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_SIDECAR_REQUEST_BODY_IDLE_TIMEOUT",
+        default_value = "5s"
+    )]
+    pub request_body_idle_timeout: humantime::Duration,
+    /// Upstream answers of keyed requests held at once until sent, in MiB
+    /// (each byte counted three times: read, encoded, sent to the
+    /// coordinator); past it, answers wait for room.
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_SIDECAR_MAX_INFLIGHT_ANSWER_MIB",
+        default_value_t = 64
+    )]
+    pub max_inflight_answer_mib: u32,
 }
 
 /// A flag whose value cannot be used.
@@ -370,6 +409,27 @@ impl Args {
             .checked_mul(1024)
             .filter(|kib| (1..=crate::proxy::MAX_BUDGET_KIB).contains(kib))
             .ok_or_else(|| flag("max-inflight-body-mib", "1 to 1048576"))
+    }
+
+    /// One client's share of the body budget, in KiB.
+    pub fn body_share_kib(&self) -> Result<u32, ConfigError> {
+        self.max_inflight_body_per_client_mib
+            .checked_mul(1024)
+            .filter(|kib| (1..=crate::proxy::MAX_BUDGET_KIB).contains(kib))
+            .ok_or_else(|| flag("max-inflight-body-per-client-mib", "1 to 1048576"))
+    }
+
+    /// The answer budget, in KiB: room for at least one largest answer.
+    pub fn answer_budget_kib(&self) -> Result<u32, ConfigError> {
+        let one = self.max_stored_bytes.saturating_mul(crate::answers::COPIES) / 1024 + 1;
+        self.max_inflight_answer_mib
+            .checked_mul(1024)
+            .filter(|kib| (1..=crate::proxy::MAX_BUDGET_KIB).contains(kib))
+            .filter(|kib| *kib as usize >= one)
+            .ok_or_else(|| {
+                let why = "1 to 1048576, and room for three copies of --max-stored-bytes";
+                flag("max-inflight-answer-mib", why)
+            })
     }
 
     /// The upstream's base URI, checked.

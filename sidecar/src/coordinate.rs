@@ -12,10 +12,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use idempotency_client::{Done, Lease, RunOnceError, RunOptions, WhenLeaseLost, WorkError};
 
+use crate::answers::Charge;
 use crate::body::{self, ProxyBody, Read};
+use crate::conn::OnConn;
 use crate::fingerprint;
 use crate::key::{self, IdempotencyKey};
 use crate::problem::Problem;
@@ -23,6 +26,7 @@ use crate::proxy::{Outcome, Proxy};
 use crate::routes::Route;
 use crate::stored::{ResponseCodec, StoredResponse};
 use crate::upstream::{ATTEMPT, FENCING_TOKEN, UpstreamError, is_hop_by_hop, strip_hop_by_hop};
+use crate::waiters::Waiting;
 
 /// Marks a replayed answer.
 pub const REPLAYED: http::HeaderName = http::HeaderName::from_static("idempotent-replayed");
@@ -34,6 +38,8 @@ pub struct Answer {
     status: StatusCode,
     headers: HeaderMap,
     body: Bytes,
+    /// Its room in the answer budget, held until it has been sent.
+    charge: Option<Arc<Charge>>,
 }
 
 /// Why an attempt produced no answer to store.
@@ -70,7 +76,7 @@ pub async fn run(
     key: IdempotencyKey,
     head: Parts,
     body: Bytes,
-    held: tokio::sync::OwnedSemaphorePermit,
+    held: crate::budget::Held,
 ) -> (Response<ProxyBody>, Outcome) {
     let fingerprint = fingerprint::of(&fingerprint::Request {
         method: &head.method,
@@ -101,6 +107,11 @@ pub async fn run(
         when_lease_lost: WhenLeaseLost::LetFinish,
         ..RunOptions::default()
     };
+    let Ok(waiting) = admit_waiter(&proxy, &head, wait) else {
+        let detail = "too many requests are waiting (Prefer: wait) at once; retry";
+        let retry = Some(Duration::from_secs(1));
+        return problem(&proxy, Problem::Busy, detail, retry);
+    };
     let slot: Slot = Arc::default();
     let task = {
         let (proxy, route, slot) = (Arc::clone(&proxy), route.clone(), Arc::clone(&slot));
@@ -108,8 +119,12 @@ pub async fn run(
         // upstream call nor the recording of its outcome.
         tokio::spawn(async move {
             let work = |lease| attempt(&proxy, &route, lease, head, body, &slot);
-            let decided = proxy
-                .coordinator
+            let coordinator = if waiting.is_some() {
+                &proxy.waiters.coordinator
+            } else {
+                &proxy.coordinator
+            };
+            let decided = coordinator
                 .run_once_with_codec(
                     &ResponseCodec,
                     &route.scope,
@@ -120,7 +135,7 @@ pub async fn run(
                 )
                 .await;
             // The body's room in the budget, held as long as the body.
-            drop(held);
+            drop((held, waiting));
             decided
         })
     };
@@ -138,6 +153,25 @@ pub async fn run(
     };
     let kept = slot.lock().ok().and_then(|mut s| s.take());
     answer(&proxy, &route, decided, kept)
+}
+
+/// Every waiter slot (of the sidecar's, or of the request's connection)
+/// is taken.
+struct TooManyWaiters;
+
+/// A request that waits does so on the waiters' channel, within their
+/// bounds (503 busy past them); one that does not (`None`) decides on the
+/// deciders' channel.
+fn admit_waiter(
+    proxy: &Proxy,
+    head: &Parts,
+    wait: Duration,
+) -> Result<Option<Waiting>, TooManyWaiters> {
+    if wait.is_zero() {
+        return Ok(None);
+    }
+    let conn = head.extensions.get::<OnConn>();
+    proxy.waiters.admit(conn).map(Some).ok_or(TooManyWaiters)
 }
 
 /// One run of the upstream under `lease`: the answer to store, or why
@@ -174,7 +208,14 @@ async fn attempt(
     let limit = proxy.settings.max_stored_bytes;
     let budget = limit.saturating_sub(StoredResponse::encoded_len(&stored_headers, 0));
     let left = upstream.timeout.saturating_sub(started.elapsed());
-    let read = match tokio::time::timeout(left, body::read_limited(incoming, budget)).await {
+    let mut charge = proxy.answers.charge();
+    let declared = http_body::Body::size_hint(&incoming).upper();
+    let expected = declared.map_or(budget, |bytes| usize::try_from(bytes).unwrap_or(budget));
+    let reading = async {
+        charge.reserve(expected.min(budget)).await;
+        body::read_limited(incoming, budget).await
+    };
+    let read = match tokio::time::timeout(left, reading).await {
         Ok(Ok(read)) => read,
         Ok(Err(e)) => {
             let error = UpstreamError::Unreachable(format!("the body broke off: {e}"));
@@ -202,6 +243,7 @@ async fn attempt(
         status: head.status,
         headers: head.headers,
         body: body.clone(),
+        charge: Some(Arc::new(charge)),
     };
     if upstream.is_retryable(answer.status) {
         let after = key::retry_after_seconds(&answer.headers)
@@ -245,6 +287,7 @@ fn answer(
                 status: done.value.status,
                 headers: done.value.header_map(),
                 body: done.value.body,
+                charge: None,
             });
             (respond(answer), "stored")
         }
@@ -337,7 +380,17 @@ fn problem(
 }
 
 fn respond(answer: Answer) -> Response<ProxyBody> {
-    let mut response = Response::new(body::full(answer.body));
+    let mut body = body::full(answer.body);
+    if let Some(charge) = answer.charge {
+        // The answer's room in the budget is held until it has been sent.
+        body = body
+            .map_frame(move |frame| {
+                let _held = &charge;
+                frame
+            })
+            .boxed_unsync();
+    }
+    let mut response = Response::new(body);
     *response.status_mut() = answer.status;
     *response.headers_mut() = answer.headers;
     response

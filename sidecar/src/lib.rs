@@ -17,12 +17,22 @@
 //! - [`stored`]: the stored answer's byte format.
 //! - [`problem`]: RFC 9457 problem answers.
 //! - [`body`]: bounded body reading.
+//! - [`answers`]: the budget of upstream answers held until sent.
+//! - [`budget`]: the body budget, charged as bytes arrive, shared by client.
+//! - [`waiters`]: bounds on waiting requests; their coordinator channel.
 //! - [`server`]: the client listener, its limits and drain.
+//! - [`table`]: the connection table; shedding the longest idle.
+//! - [`connection`]: one client connection's deadlines and idle timeout.
+//! - [`conn`]: one client connection's state, as its requests see it.
 //! - [`ops`]: readiness following the coordinator; the metrics listener.
 //! - [`metrics`]: what is counted.
 
+pub mod answers;
 pub mod body;
+pub mod budget;
 pub mod config;
+pub mod conn;
+pub mod connection;
 pub mod coordinate;
 pub mod fingerprint;
 pub mod key;
@@ -33,7 +43,9 @@ pub mod proxy;
 pub mod routes;
 pub mod server;
 pub mod stored;
+pub mod table;
 pub mod upstream;
+pub mod waiters;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -110,6 +122,10 @@ pub async fn start(args: &Args) -> Result<Running, StartError> {
     );
     let options = args.coordinator_options()?;
     let health_channel = args.health_endpoint(&options)?.connect_lazy();
+    // Waits get a connection of their own: a waiting Acquire holds a
+    // stream for as long as it waits, and decisions never queue behind them.
+    let waits =
+        idempotency_client::Client::connect_lazy(args.coordinator.clone(), options.clone())?;
     let coordinator = idempotency_client::Client::connect_lazy(args.coordinator.clone(), options)?;
     let metrics = Metrics::default();
     let proxy = Arc::new(Proxy {
@@ -121,7 +137,13 @@ pub async fn start(args: &Args) -> Result<Running, StartError> {
             base: args.problem_docs.clone(),
         },
         metrics: metrics.clone(),
-        body_budget: Arc::new(tokio::sync::Semaphore::new(budget_kib as usize)),
+        body_budget: budget::BodyBudget::new(
+            budget_kib,
+            args.body_share_kib()?,
+            args.request_body_idle_timeout.into(),
+        ),
+        waiters: waiters::Waiters::new(args.max_waiters, waits),
+        answers: answers::AnswerBudget::new(args.answer_budget_kib()?),
     });
     let listener = bind(args.listen).await?;
     let metrics_listener = bind(args.metrics_listen).await?;
@@ -156,6 +178,8 @@ pub async fn start(args: &Args) -> Result<Running, StartError> {
         max_connections: args.max_connections,
         max_streams: args.max_streams,
         header_read_timeout: args.header_read_timeout.into(),
+        idle_timeout: args.idle_timeout.into(),
+        max_waiters_per_connection: args.max_waiters_per_connection,
         drain_timeout: args.drain_timeout.into(),
     };
     let served = tokio::spawn({

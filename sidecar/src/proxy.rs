@@ -9,9 +9,8 @@ use std::time::{Duration, Instant};
 
 use http::{HeaderName, Request, Response};
 use hyper::body::Incoming;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::body::{self, ProxyBody, Read};
+use crate::body::{self, ProxyBody};
 use crate::key::{self, IdempotencyKey, KeyError};
 use crate::metrics::Metrics;
 use crate::problem::{Problem, Problems};
@@ -63,9 +62,15 @@ pub struct Proxy {
     pub problems: Problems,
     /// Requests by route and outcome, and the rest.
     pub metrics: Metrics,
-    /// The bodies of requests with a key held at once, in KiB: a request
-    /// that would pass it is refused (503) rather than read.
-    pub body_budget: Arc<Semaphore>,
+    /// The bodies of requests with a key held at once, charged as they
+    /// arrive and shared by client: a body that would pass it is refused
+    /// (503) rather than read.
+    pub body_budget: Arc<crate::budget::BodyBudget>,
+    /// Requests that wait (`Prefer: wait`), bounded, on a coordinator
+    /// channel of their own.
+    pub waiters: crate::waiters::Waiters,
+    /// Upstream answers read whole, held at once until sent.
+    pub answers: crate::answers::AnswerBudget,
 }
 
 /// What a request ended as, for the metrics.
@@ -137,7 +142,8 @@ impl Proxy {
         )
     }
 
-    /// Reads the body (bounded in size and time), then coordinates.
+    /// Reads the body (bounded in size and time, charged to the budget),
+    /// then coordinates.
     async fn coordinated(
         self: &Arc<Self>,
         route: &Route,
@@ -146,59 +152,15 @@ impl Proxy {
     ) -> (Response<ProxyBody>, Outcome) {
         let (head, incoming) = request.into_parts();
         let limit = route.max_body.unwrap_or(self.settings.max_request_body);
-        let Some(held) = self.reserve(&head.headers, limit) else {
-            let kind = Problem::Busy;
-            let detail = "too many request bodies are held at once; retry";
-            let retry = Some(Duration::from_secs(1));
-            return (self.problems.respond(kind, detail, retry), kind.anchor());
-        };
-        let read = tokio::time::timeout(
-            self.settings.request_body_timeout,
-            body::read_limited(incoming, limit),
-        )
-        .await;
-        let problem = match read {
-            Ok(Ok(Read::Whole(bytes))) => {
+        match crate::budget::read(self, &head, incoming, limit).await {
+            Ok((bytes, held)) => {
                 let (proxy, route) = (Arc::clone(self), route.clone());
-                return crate::coordinate::run(proxy, route, key, head, bytes, held).await;
+                crate::coordinate::run(proxy, route, key, head, bytes, held).await
             }
-            Ok(Ok(Read::Over(..))) => (
-                Problem::BodyTooLarge,
-                format!("a request with an Idempotency-Key may have at most {limit} bytes of body"),
-            ),
-            Ok(Err(error)) => (
-                Problem::BodyTimeout,
-                format!("the request body broke off: {error}"),
-            ),
-            Err(_) => (
-                Problem::BodyTimeout,
-                format!(
-                    "the request body did not arrive within {:?}",
-                    self.settings.request_body_timeout
-                ),
-            ),
-        };
-        let (kind, detail) = problem;
-        (self.problems.respond(kind, &detail, None), kind.anchor())
-    }
-
-    /// Room in the body budget for a body of the announced length (at most
-    /// `limit`), or of `limit` when none is announced; `None` when the
-    /// budget has no room now.
-    fn reserve(&self, headers: &http::HeaderMap, limit: usize) -> Option<OwnedSemaphorePermit> {
-        let announced = headers
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<usize>().ok());
-        let bytes = announced.unwrap_or(limit).min(limit);
-        let kib = u32::try_from(bytes.div_ceil(1024))
-            .unwrap_or(u32::MAX)
-            .clamp(1, MAX_BUDGET_KIB);
-        // A body larger than the whole budget takes all of it.
-        let kib = kib.min(self.settings.body_budget_kib);
-        Arc::clone(&self.body_budget)
-            .try_acquire_many_owned(kib)
-            .ok()
+            Err((kind, detail, retry)) => {
+                (self.problems.respond(kind, &detail, retry), kind.anchor())
+            }
+        }
     }
 }
 
