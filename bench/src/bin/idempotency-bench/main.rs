@@ -410,6 +410,10 @@ async fn limit_step(args: &Args, carried: &mut Carried) {
                     "cycle ÷ limit: {:.2} (the coordinator's last cycle, {plain:.0}/s, against {limit:.0}/s)",
                     plain / limit
                 );
+                println!(
+                    "RESULT scenario=cycle_over_limit ratio={:.2}",
+                    plain / limit
+                );
                 carried.measured.add(Goal::CycleOverLimit, plain / limit);
             }
         }
