@@ -17,10 +17,12 @@ mod polling;
 #[allow(dead_code)]
 mod process;
 
+mod callers;
 mod concurrency;
 mod failures;
 mod latency;
 mod operations;
+mod paths;
 mod refusals;
 mod replays;
 mod support;
