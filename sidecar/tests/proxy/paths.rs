@@ -59,8 +59,10 @@ async fn paths_upstreams_read_differently_are_refused() {
         .client
         .send(Method::GET, "/items%2Fx", None, "", &[])
         .await;
-    assert_eq!(get.status, StatusCode::OK);
-    assert_eq!(env.upstream.seen().len(), 1);
+    assert_ne!(get.status, StatusCode::BAD_REQUEST, "{get:?}");
+    let seen = env.upstream.seen();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].path, "/items%2Fx");
 }
 
 #[tokio::test]
