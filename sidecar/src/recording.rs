@@ -21,7 +21,7 @@ use crate::stored::{ResponseCodec, StoredResponse};
 #[derive(Debug)]
 pub enum Held {
     /// Stored: the record as it stands.
-    Stored(Record),
+    Stored(Box<Record>),
     /// Another holder took the key over: its run is the one stored.
     TakenOver(CallError),
     /// Not stored within the patience, or refused for good.
@@ -82,7 +82,7 @@ pub async fn until_stored(
         retry = retry.saturating_add(1);
         tracing::info!(%error, retry, "storing an answer again");
         match client.complete(request.clone()).await {
-            Ok(response) => return Held::Stored(response.record.unwrap_or_default()),
+            Ok(response) => return Held::Stored(Box::new(response.record.unwrap_or_default())),
             Err(next) => error = next,
         }
     }
@@ -113,7 +113,7 @@ pub async fn settle(
         Held::Stored(record) => Ok(Done {
             value,
             replayed: false,
-            record,
+            record: *record,
         }),
         Held::TakenOver(error) => {
             if let Ok(mut kept) = slot.lock() {
