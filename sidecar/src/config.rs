@@ -10,8 +10,11 @@ use http::{StatusCode, Uri};
 use idempotency_client::{ClientOptions, TlsOptions};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
+use crate::key::Credentials;
 use crate::proxy::Settings;
-use crate::routes::{self, DEFAULT_STORED_HEADERS, RouteDefaults, RouteError, Routes};
+use crate::routes::{
+    self, DEFAULT_CREDENTIAL_HEADERS, DEFAULT_STORED_HEADERS, RouteDefaults, RouteError, Routes,
+};
 use crate::upstream::RetryStatuses;
 
 /// An HTTP reverse proxy that gives any HTTP API `Idempotency-Key`
@@ -70,6 +73,11 @@ pub struct Args {
     /// Deadline of each coordinator call.
     #[arg(long, env = "IDEMPOTENCY_SIDECAR_CALL_TIMEOUT", default_value = "10s")]
     pub call_timeout: humantime::Duration,
+    /// How long an upstream's answer that could not be stored is held
+    /// while its Complete is sent again (same lease token, with backoff),
+    /// until stored or the key is taken over; its client waits meanwhile.
+    #[arg(long, env = "IDEMPOTENCY_SIDECAR_STORE_PATIENCE", default_value = "2m")]
+    pub store_patience: humantime::Duration,
     /// Where `/metrics`, `/healthz` and `/readyz` are served.
     #[arg(
         long,
@@ -105,6 +113,19 @@ pub struct Args {
     /// A client header whose value namespaces keys (e.g. `x-api-key`).
     #[arg(long, env = "IDEMPOTENCY_SIDECAR_TENANT_HEADER")]
     pub tenant_header: Option<http::HeaderName>,
+    /// Request headers that identify the caller, unless a route says:
+    /// keys are namespaced by their values, so that no caller gets
+    /// another's answer (`-`: none, for keys unique across callers).
+    #[arg(long, env = "IDEMPOTENCY_SIDECAR_CREDENTIAL_HEADERS", default_value = DEFAULT_CREDENTIAL_HEADERS)]
+    pub credential_headers: String,
+    /// Cookies that identify the caller, unless a route says: when named,
+    /// a `Cookie` header counts by these alone (`-` or empty: all of it).
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_SIDECAR_CREDENTIAL_COOKIES",
+        default_value = ""
+    )]
+    pub credential_cookies: String,
     /// The longest `Idempotency-Key` accepted.
     #[arg(
         long,
@@ -291,7 +312,17 @@ impl Args {
                 .ok_or_else(|| flag("fingerprint-headers", "a list of header names"))?,
             store_headers: routes::store_headers(&self.store_headers)
                 .ok_or_else(|| flag("store-headers", "`*` or a list of header names"))?,
+            credentials: Credentials {
+                headers: routes::header_list(&self.credential_headers)
+                    .ok_or_else(|| flag("credential-headers", "a list of header names"))?,
+                cookies: routes::cookie_list(&self.credential_cookies)
+                    .ok_or_else(|| flag("credential-cookies", "a list of cookie names"))?,
+            },
         };
+        if let Some(name) = defaults.store_headers.per_caller() {
+            let why = format!("{name} belongs to one caller: name it on a route's store-headers=");
+            return Err(flag("store-headers", why));
+        }
         let file = match &self.routes_file {
             Some(path) => {
                 std::fs::read_to_string(path).map_err(|error| ConfigError::RoutesFile {
@@ -346,6 +377,7 @@ impl Args {
             request_body_timeout: self.request_body_timeout.into(),
             tenant_header: self.tenant_header.clone(),
             lease_ttl: self.lease_ttl.into(),
+            store_patience: self.store_patience.into(),
             max_wait: self.max_wait.into(),
             max_attempts: self.max_attempts,
             retention: self.retention.map(Duration::from),

@@ -23,13 +23,15 @@ use crate::fingerprint;
 use crate::key::{self, IdempotencyKey};
 use crate::problem::Problem;
 use crate::proxy::{Outcome, Proxy};
+use crate::recording;
 use crate::routes::Route;
 use crate::stored::{ResponseCodec, StoredResponse};
-use crate::upstream::{ATTEMPT, FENCING_TOKEN, UpstreamError, is_hop_by_hop, strip_hop_by_hop};
+use crate::upstream::{
+    ATTEMPT, FENCING_TOKEN, Upstream, UpstreamError, is_hop_by_hop, strip_hop_by_hop,
+};
 use crate::waiters::Waiting;
 
-/// Marks a replayed answer.
-pub const REPLAYED: http::HeaderName = http::HeaderName::from_static("idempotent-replayed");
+pub use crate::upstream::REPLAYED;
 
 /// The upstream's answer as the client that caused it gets it: every
 /// end-to-end header, not only those stored.
@@ -48,6 +50,10 @@ pub enum Failure {
     /// The upstream answered with a status recorded as a failure.
     #[error("the upstream answered {}", .0.status)]
     Status(Answer),
+    /// The upstream answered with a status never stored (401, 403): the
+    /// key is released.
+    #[error("the upstream answered {}, which is not stored", .0.status)]
+    Unstored(Answer),
     /// The upstream gave no answer.
     #[error("{0}")]
     Upstream(UpstreamError),
@@ -67,7 +73,10 @@ pub enum Failure {
 
 /// The answer the attempt got, kept for the client that caused it even
 /// when it cannot be stored.
-type Slot = Arc<Mutex<Option<Answer>>>;
+pub type Slot = Arc<Mutex<Option<Answer>>>;
+
+/// What the coordinator decided, through `run_once`.
+pub type Decided = Result<Done<StoredResponse>, RunOnceError<Failure, StoredResponse>>;
 
 /// Coordinates one request whose body is `body`.
 pub async fn run(
@@ -86,13 +95,9 @@ pub async fn run(
         body: &body,
         canonical_json: route.canonical_json,
     });
-    let tenant = proxy.settings.tenant_header.as_ref().map(|name| {
-        head.headers
-            .get(name)
-            .map(|v| v.as_bytes().to_vec())
-            .unwrap_or_default()
-    });
-    let coordinator_key = key.coordinator_key(tenant.as_deref());
+    let tenant = proxy.settings.tenant_header.as_ref();
+    let namespace = key::namespace(&head.headers, tenant, &route.credentials);
+    let coordinator_key = key.coordinator_key(&namespace);
     let settings = &proxy.settings;
     let wait = key::prefer_wait(&head.headers)
         .map(Duration::from_secs)
@@ -118,7 +123,11 @@ pub async fn run(
         // Its own task: the client hanging up drops this handler, not the
         // upstream call nor the recording of its outcome.
         tokio::spawn(async move {
-            let work = |lease| attempt(&proxy, &route, lease, head, body, &slot);
+            let mut token = None;
+            let work = |lease: Lease| {
+                token = Some(lease.token().to_owned());
+                attempt(&proxy, &route, lease, head, body, &slot)
+            };
             let coordinator = if waiting.is_some() {
                 &proxy.waiters.coordinator
             } else {
@@ -134,6 +143,8 @@ pub async fn run(
                     work,
                 )
                 .await;
+            let ids = (route.scope.as_str(), coordinator_key.as_str());
+            let decided = recording::settle(&proxy, ids, token, &slot, decided).await;
             // The body's room in the budget, held as long as the body.
             drop((held, waiting));
             decided
@@ -250,6 +261,9 @@ async fn attempt(
             .map_or(proxy.settings.failure_retry_after, Duration::from_secs);
         return Err(WorkError::RetryAfter(Failure::Status(answer), after));
     }
+    if Upstream::is_unstored(answer.status) {
+        return Err(WorkError::Release(Failure::Unstored(answer)));
+    }
     let status = answer.status;
     if let Ok(mut kept) = slot.lock() {
         *kept = Some(answer);
@@ -273,7 +287,7 @@ impl Proxy {
 fn answer(
     proxy: &Proxy,
     route: &Route,
-    decided: Result<Done<StoredResponse>, RunOnceError<Failure, StoredResponse>>,
+    decided: Decided,
     kept: Option<Answer>,
 ) -> (Response<ProxyBody>, Outcome) {
     let retry = |after: Option<Duration>| Some(after.unwrap_or(Duration::from_secs(1)));
@@ -347,6 +361,7 @@ fn unrecorded(
 fn failed(proxy: &Proxy, route: &Route, failure: Failure) -> (Response<ProxyBody>, Outcome) {
     match failure {
         Failure::Status(answer) => (respond(answer), "upstream_failure"),
+        Failure::Unstored(answer) => (respond(answer), "not_stored"),
         Failure::Upstream(error) => proxy.upstream_problem(&error),
         Failure::TooLarge {
             head,

@@ -62,43 +62,11 @@ fn is_json(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v == "application/json" || v.ends_with("+json"))
 }
 
-/// The body as canonical JSON (object keys sorted, no white space), or
-/// `None` when it is not JSON (then the raw bytes count).
+/// The body as canonical JSON (the coordinator's form:
+/// [`idempotency_client::canonical_json`]), or `None` when it is not JSON
+/// (then the raw bytes count).
 fn canonical_json(body: &[u8]) -> Option<Vec<u8>> {
-    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let mut out = Vec::with_capacity(body.len());
-    write_canonical(&value, &mut out);
-    Some(out)
-}
-
-fn write_canonical(value: &serde_json::Value, out: &mut Vec<u8>) {
-    match value {
-        serde_json::Value::Object(map) => {
-            let mut entries: Vec<_> = map.iter().collect();
-            entries.sort_by(|a, b| a.0.cmp(b.0));
-            out.push(b'{');
-            for (i, (k, v)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                out.extend(serde_json::to_vec(k).unwrap_or_default());
-                out.push(b':');
-                write_canonical(v, out);
-            }
-            out.push(b'}');
-        }
-        serde_json::Value::Array(items) => {
-            out.push(b'[');
-            for (i, v) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_canonical(v, out);
-            }
-            out.push(b']');
-        }
-        scalar => out.extend(serde_json::to_vec(scalar).unwrap_or_default()),
-    }
+    idempotency_client::canonical_json(body).ok()
 }
 
 #[cfg(test)]
@@ -126,6 +94,11 @@ mod tests {
         assert_ne!(fp(a, false, "/p"), fp(b, false, "/p"));
         assert_ne!(fp(a, true, "/p"), fp(a, true, "/p?x=1"));
         assert_ne!(fp(b"{", true, "/p"), fp(b"{ ", true, "/p"));
+        // Numbers as written, whatever else this crate is built with.
+        assert_ne!(
+            fp(b"{\"a\":1.10}", true, "/p"),
+            fp(b"{\"a\":1.1}", true, "/p")
+        );
     }
 
     #[test]

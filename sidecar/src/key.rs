@@ -2,7 +2,7 @@
 //! once at the edge: this is where a key is accepted or refused (400), and
 //! where the key the coordinator sees is made from it and the tenant.
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use sha2::{Digest, Sha256};
 
 /// The longest key the coordinator accepts.
@@ -41,22 +41,27 @@ impl IdempotencyKey {
         &self.0
     }
 
-    /// The key the coordinator stores: the client's key under the tenant's
-    /// namespace (a hash of the tenant header's value) when one is
-    /// configured. A key the coordinator could not take as it is (spaces,
-    /// or too long once namespaced) is replaced by its SHA-256.
-    pub fn coordinator_key(&self, tenant: Option<&[u8]>) -> String {
+    /// The key the coordinator stores: the client's key under its
+    /// caller's namespace (a hash of the tenant header's value and the
+    /// caller's credentials, when configured). A key the coordinator could
+    /// not take as it is (spaces, or too long once namespaced) is replaced
+    /// by its SHA-256.
+    pub fn coordinator_key(&self, namespace: &Namespace) -> String {
         let base = if self.0.bytes().all(|b| b.is_ascii_graphic()) {
             self.0.clone()
         } else {
             format!("sha256:{}", hex::encode(Sha256::digest(self.0.as_bytes())))
         };
-        let key = match tenant {
-            Some(tenant) => {
+        let key = match namespace {
+            Namespace::Global => base,
+            Namespace::Tenant(tenant) => {
                 let digest = Sha256::digest(tenant);
                 format!("t{}/{base}", hex::encode(&digest[..12]))
             }
-            None => base,
+            Namespace::Caller(caller) => {
+                let digest = Sha256::digest(caller);
+                format!("c{}/{base}", hex::encode(&digest[..16]))
+            }
         };
         if key.len() <= COORDINATOR_MAX_KEY {
             key
@@ -64,6 +69,90 @@ impl IdempotencyKey {
             format!("sha256:{}", hex::encode(Sha256::digest(key.as_bytes())))
         }
     }
+}
+
+/// Whose keys a key is among: two callers in different namespaces never
+/// share an answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Namespace {
+    /// One namespace for every caller: no tenant header and no credentials
+    /// are configured (keys are globally unique by the operator's word).
+    Global,
+    /// The tenant header's value, when no credentials are configured.
+    Tenant(Vec<u8>),
+    /// The tenant header's value and the caller's credentials, encoded
+    /// without ambiguity (absent ones count as absent).
+    Caller(Vec<u8>),
+}
+
+/// What identifies a request's caller, for keys.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Credentials {
+    /// Request headers whose values identify the caller (`authorization`
+    /// and `cookie` by default).
+    pub headers: Vec<HeaderName>,
+    /// When not empty, a `Cookie` header counts by these cookies' values
+    /// alone, so that other cookies may change between retries.
+    pub cookies: Vec<String>,
+}
+
+impl Credentials {
+    /// Whether any credential is configured.
+    pub fn is_empty(&self) -> bool {
+        self.headers.is_empty()
+    }
+}
+
+/// The namespace of a request with `headers`: the `tenant` header's value
+/// and the `credentials`' (see [`Namespace`]).
+pub fn namespace(
+    headers: &HeaderMap,
+    tenant: Option<&HeaderName>,
+    credentials: &Credentials,
+) -> Namespace {
+    let value = |name: &HeaderName| -> Vec<u8> {
+        let values: Vec<&[u8]> = headers.get_all(name).iter().map(|v| v.as_bytes()).collect();
+        values.join(&b"\n"[..])
+    };
+    if credentials.is_empty() {
+        return tenant.map_or(Namespace::Global, |t| Namespace::Tenant(value(t)));
+    }
+    let mut encoded = Vec::new();
+    let mut part = |bytes: &[u8]| {
+        encoded.extend((bytes.len() as u64).to_be_bytes());
+        encoded.extend(bytes);
+    };
+    if let Some(tenant) = tenant {
+        part(b"tenant");
+        part(&value(tenant));
+    }
+    for name in &credentials.headers {
+        part(name.as_str().as_bytes());
+        if name == http::header::COOKIE && !credentials.cookies.is_empty() {
+            for cookie in &credentials.cookies {
+                part(cookie.as_bytes());
+                part(&cookie_values(headers, cookie).join(&b"\n"[..]));
+            }
+        } else {
+            part(&value(name));
+        }
+    }
+    Namespace::Caller(encoded)
+}
+
+/// The values of cookie `name` in the request's `Cookie` headers (RFC
+/// 6265: `name=value` pairs separated by `;`).
+fn cookie_values<'a>(headers: &'a HeaderMap, name: &str) -> Vec<&'a [u8]> {
+    headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b';'))
+        .filter_map(|pair| {
+            let pair = trim(pair);
+            let at = pair.iter().position(|b| *b == b'=')?;
+            (trim(&pair[..at]) == name.as_bytes()).then(|| trim(&pair[at + 1..]))
+        })
+        .collect()
 }
 
 /// The key in `headers`, if any: `Ok(None)` when absent.
@@ -219,15 +308,58 @@ mod tests {
     #[test]
     fn tenants_never_share_a_key() {
         let key = parse(b"k1", 255).unwrap();
-        assert_eq!(key.coordinator_key(None), "k1");
-        let a = key.coordinator_key(Some(b"client-a"));
-        let b = key.coordinator_key(Some(b"client-b"));
+        assert_eq!(key.coordinator_key(&Namespace::Global), "k1");
+        let a = key.coordinator_key(&Namespace::Tenant(b"client-a".to_vec()));
+        let b = key.coordinator_key(&Namespace::Tenant(b"client-b".to_vec()));
         assert_ne!(a, b);
         assert!(a.ends_with("/k1"));
-        let spaced = parse(b"\"a b\"", 255).unwrap().coordinator_key(None);
+        let spaced = parse(b"\"a b\"", 255)
+            .unwrap()
+            .coordinator_key(&Namespace::Global);
         assert!(spaced.starts_with("sha256:") && spaced.len() <= 255);
         let long = parse(&[b'k'; 255], 255).unwrap();
-        assert!(long.coordinator_key(Some(b"t")).len() <= 255);
+        assert!(long.coordinator_key(&Namespace::Caller(vec![1])).len() <= 255);
+    }
+
+    #[test]
+    fn callers_with_other_credentials_never_share_a_key() {
+        let credentials = Credentials {
+            headers: vec![http::header::AUTHORIZATION, http::header::COOKIE],
+            cookies: vec!["session".into()],
+        };
+        let of = |pairs: &[(&str, &str)]| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in pairs {
+                headers.append(
+                    HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                    value.parse().unwrap(),
+                );
+            }
+            namespace(&headers, None, &credentials)
+        };
+        let alice = of(&[
+            ("authorization", "Bearer alice"),
+            ("cookie", "session=a; t=1"),
+        ]);
+        // Another cookie changing between retries does not matter.
+        let retry = of(&[
+            ("cookie", "t=2;session=a"),
+            ("authorization", "Bearer alice"),
+        ]);
+        assert_eq!(alice, retry);
+        assert_ne!(alice, of(&[]));
+        assert_ne!(alice, of(&[("authorization", "Bearer alice")]));
+        assert_ne!(
+            alice,
+            of(&[("authorization", "Bearer bob"), ("cookie", "session=a")])
+        );
+        // A value cannot pass for a name: every part is length-prefixed.
+        assert_ne!(
+            of(&[("authorization", "ab")]),
+            of(&[("authorization", "a"), ("cookie", "session=b")])
+        );
+        let none = Credentials::default();
+        assert_eq!(namespace(&HeaderMap::new(), None, &none), Namespace::Global);
     }
 
     #[test]

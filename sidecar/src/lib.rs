@@ -5,6 +5,7 @@
 //! # Layout
 //!
 //! - [`config`]: flags and their defaults; bad values refused at start.
+//! - [`normalise`]: the method and path as the upstream reads them.
 //! - [`routes`]: which requests are coordinated, under which scope, and
 //!   what their fingerprint covers and their stored answer keeps.
 //! - [`key`]: the `Idempotency-Key` header (sf-string or token), accepted
@@ -13,6 +14,8 @@
 //! - [`proxy`]: one request, start to end; pass-through streaming.
 //! - [`coordinate`]: the coordinator's decision and its answer; the upstream
 //!   call in a task of its own; what is stored, failed or released.
+//! - [`recording`]: an answer whose storing failed, stored again until it
+//!   is, or another holder took the key over.
 //! - [`upstream`]: the HTTP client; hop-by-hop headers; retryable statuses.
 //! - [`stored`]: the stored answer's byte format.
 //! - [`problem`]: RFC 9457 problem answers.
@@ -37,9 +40,11 @@ pub mod coordinate;
 pub mod fingerprint;
 pub mod key;
 pub mod metrics;
+pub mod normalise;
 pub mod ops;
 pub mod problem;
 pub mod proxy;
+pub mod recording;
 pub mod routes;
 pub mod server;
 pub mod stored;

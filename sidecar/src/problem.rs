@@ -15,6 +15,8 @@ pub enum Problem {
     MissingKey,
     /// 400: the key is not an sf-string or token, or too long.
     InvalidKey,
+    /// 400: the path cannot be read as the upstream would read it.
+    InvalidPath,
     /// 413: the request body is over the limit.
     BodyTooLarge,
     /// 408: the request body did not arrive in time.
@@ -45,6 +47,7 @@ impl Problem {
         match self {
             Problem::MissingKey => "missing-key",
             Problem::InvalidKey => "invalid-key",
+            Problem::InvalidPath => "invalid-path",
             Problem::BodyTooLarge => "body-too-large",
             Problem::BodyTimeout => "body-timeout",
             Problem::FingerprintMismatch => "fingerprint-mismatch",
@@ -62,7 +65,9 @@ impl Problem {
     /// The HTTP status.
     pub fn status(self) -> StatusCode {
         match self {
-            Problem::MissingKey | Problem::InvalidKey => StatusCode::BAD_REQUEST,
+            Problem::MissingKey | Problem::InvalidKey | Problem::InvalidPath => {
+                StatusCode::BAD_REQUEST
+            }
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Problem::FingerprintMismatch => StatusCode::UNPROCESSABLE_ENTITY,
@@ -80,6 +85,7 @@ impl Problem {
         match self {
             Problem::MissingKey => "Idempotency-Key required",
             Problem::InvalidKey => "Invalid Idempotency-Key",
+            Problem::InvalidPath => "Ambiguous request path",
             Problem::BodyTooLarge => "Request body too large",
             Problem::BodyTimeout => "Request body too slow",
             Problem::FingerprintMismatch => "Idempotency-Key reused for a different request",

@@ -13,6 +13,7 @@ use hyper::body::Incoming;
 use crate::body::{self, ProxyBody};
 use crate::key::{self, IdempotencyKey, KeyError};
 use crate::metrics::Metrics;
+use crate::normalise::{self, PathError};
 use crate::problem::{Problem, Problems};
 use crate::routes::{Mode, Route, Routes};
 use crate::upstream::{Upstream, UpstreamError, strip_hop_by_hop};
@@ -34,6 +35,9 @@ pub struct Settings {
     pub tenant_header: Option<HeaderName>,
     /// The lease on a key while the upstream works (extended as it does).
     pub lease_ttl: Duration,
+    /// How long an answer the coordinator did not store is held while the
+    /// sidecar keeps storing it (its client waits meanwhile).
+    pub store_patience: Duration,
     /// The longest `Prefer: wait` honoured.
     pub max_wait: Duration,
     /// Attempts a key allows (0: the coordinator's default).
@@ -79,6 +83,16 @@ pub type Outcome = &'static str;
 impl Proxy {
     /// Answers one client request.
     pub async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ProxyBody> {
+        let request = match self.normalised(request) {
+            Ok(request) => request,
+            Err(error) => {
+                let kind = Problem::InvalidPath;
+                let response = self.problems.respond(kind, &error.to_string(), None);
+                // No route was decided: the label is the problem's.
+                self.metrics.request(kind.anchor(), kind.anchor());
+                return response;
+            }
+        };
         let route = self.routes.route(request.method(), request.uri().path());
         let (response, outcome) = match self.key_of(&route, &request) {
             Err(problem) => {
@@ -94,6 +108,33 @@ impl Proxy {
         };
         self.metrics.request(&route.name, outcome);
         response
+    }
+
+    /// The request with its method and path as the upstream reads them
+    /// ([`normalise`]); a path that cannot be normalised is refused when a
+    /// route may coordinate the method, else passed on as it came.
+    fn normalised(&self, mut request: Request<Incoming>) -> Result<Request<Incoming>, PathError> {
+        let method = normalise::method(request.method());
+        let path = match normalise::path(request.uri().path()) {
+            Ok(path) => path,
+            Err(error) if self.routes.may_coordinate(&method) => return Err(error),
+            Err(_) => return Ok(request),
+        };
+        *request.method_mut() = method;
+        if path != request.uri().path() {
+            let mut parts = request.uri().clone().into_parts();
+            let query = request.uri().query().map(|q| format!("?{q}"));
+            let rebuilt = format!("{path}{}", query.unwrap_or_default());
+            // Decoding unreserved characters and dropping dot segments
+            // keep a valid path valid.
+            if let Ok(path_and_query) = rebuilt.parse() {
+                parts.path_and_query = Some(path_and_query);
+            }
+            if let Ok(uri) = http::Uri::from_parts(parts) {
+                *request.uri_mut() = uri;
+            }
+        }
+        Ok(request)
     }
 
     /// The request's key, when its route coordinates it.

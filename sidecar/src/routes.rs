@@ -13,6 +13,8 @@
 
 use http::{HeaderName, Method};
 
+use crate::key::Credentials;
+
 /// What the sidecar does with a route's requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -27,10 +29,18 @@ pub enum Mode {
 /// Which response headers a route stores for replays.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreHeaders {
-    /// Every end-to-end header but `Set-Cookie`.
+    /// Every end-to-end header but the per-caller ones ([`PER_CALLER`]).
     All,
-    /// These (`Set-Cookie` only when named).
+    /// These (a per-caller one only when a route names it).
     Named(Vec<HeaderName>),
+}
+
+/// Response headers that belong to one caller's session: stored and
+/// replayed only when a route's own `store-headers=` names them.
+pub const PER_CALLER: [&str; 3] = ["set-cookie", "authentication-info", "clear-site-data"];
+
+fn is_per_caller(name: &HeaderName) -> bool {
+    PER_CALLER.contains(&name.as_str())
 }
 
 impl StoreHeaders {
@@ -38,8 +48,17 @@ impl StoreHeaders {
     /// drops them first).
     pub fn allows(&self, name: &HeaderName) -> bool {
         match self {
-            StoreHeaders::All => name != http::header::SET_COOKIE,
+            StoreHeaders::All => !is_per_caller(name),
             StoreHeaders::Named(names) => names.contains(name),
+        }
+    }
+
+    /// The per-caller header this list names, if any: the default list
+    /// (`--store-headers`) may not name one.
+    pub fn per_caller(&self) -> Option<&HeaderName> {
+        match self {
+            StoreHeaders::All => None,
+            StoreHeaders::Named(names) => names.iter().find(|n| is_per_caller(n)),
         }
     }
 }
@@ -48,6 +67,9 @@ impl StoreHeaders {
 /// created thing is.
 pub const DEFAULT_STORED_HEADERS: &str =
     "content-type,content-language,content-encoding,location,etag,last-modified,cache-control";
+
+/// The request headers that identify the caller by default.
+pub const DEFAULT_CREDENTIAL_HEADERS: &str = "authorization,cookie";
 
 /// One route.
 #[derive(Debug, Clone)]
@@ -70,6 +92,9 @@ pub struct Route {
     pub store_headers: StoreHeaders,
     /// The largest request body with a key (`None`: the sidecar's limit).
     pub max_body: Option<usize>,
+    /// What identifies the caller: keys are namespaced by it, so that no
+    /// caller is answered with another's stored answer.
+    pub credentials: Credentials,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,6 +140,8 @@ pub struct RouteDefaults {
     pub fingerprint_headers: Vec<HeaderName>,
     /// Which headers are stored when a route names none.
     pub store_headers: StoreHeaders,
+    /// What identifies the caller when a route says nothing.
+    pub credentials: Credentials,
 }
 
 impl Route {
@@ -153,6 +180,7 @@ impl Route {
             canonical_json: false,
             store_headers: defaults.store_headers.clone(),
             max_body: None,
+            credentials: defaults.credentials.clone(),
         };
         for option in words {
             route.set(option).ok_or_else(|| RouteError::Option {
@@ -177,6 +205,8 @@ impl Route {
             }
             "store-headers" => self.store_headers = store_headers(value)?,
             "max-body" => self.max_body = Some(value.parse().ok()?),
+            "credential-headers" => self.credentials.headers = header_list(value)?,
+            "credential-cookies" => self.credentials.cookies = cookie_list(value)?,
             _ => return None,
         }
         Some(())
@@ -186,17 +216,26 @@ impl Route {
         if self.method.as_ref().is_some_and(|m| m != method) {
             return false;
         }
-        let mut segments = path.trim_start_matches('/').split('/');
+        // As lenient as upstreams are: empty segments, a segment's
+        // parameters (`;x`) and letter case do not count, so that no
+        // spelling of a route's path escapes it.
+        let mut segments = path
+            .split('/')
+            .map(|s| s.split(';').next().unwrap_or_default())
+            .filter(|s| !s.is_empty());
         for (i, segment) in self.pattern.iter().enumerate() {
             match segment {
                 Segment::Rest => return i + 1 == self.pattern.len(),
                 Segment::One => {
-                    if segments.next().is_none_or(str::is_empty) {
+                    if segments.next().is_none() {
                         return false;
                     }
                 }
                 Segment::Literal(literal) => {
-                    if segments.next() != Some(literal.as_str()) {
+                    if !segments
+                        .next()
+                        .is_some_and(|s| s.eq_ignore_ascii_case(literal))
+                    {
                         return false;
                     }
                 }
@@ -246,7 +285,21 @@ pub fn header_list(value: &str) -> Option<Vec<HeaderName>> {
         .collect()
 }
 
-/// `*` for every end-to-end header but `Set-Cookie`, or a list.
+/// A comma-separated list of cookie names (`-` or empty for none).
+pub fn cookie_list(value: &str) -> Option<Vec<String>> {
+    let token = |c: u8| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c);
+    if value == "-" {
+        return Some(Vec::new());
+    }
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(|n| n.bytes().all(token).then(|| n.to_owned()))
+        .collect()
+}
+
+/// `*` for every end-to-end header but the per-caller ones, or a list.
 pub fn store_headers(value: &str) -> Option<StoreHeaders> {
     if value == "*" {
         return Some(StoreHeaders::All);
@@ -277,7 +330,19 @@ impl Routes {
         Ok(Routes { routes, defaults })
     }
 
-    /// The first route that matches, else the default for the method.
+    /// Whether a request with `method` may be coordinated: some route that
+    /// is not `pass` takes it, or the default does (POST, PATCH).
+    pub fn may_coordinate(&self, method: &Method) -> bool {
+        *method == Method::POST
+            || *method == Method::PATCH
+            || self
+                .routes
+                .iter()
+                .any(|r| r.mode != Mode::Pass && r.method.as_ref().is_none_or(|m| m == method))
+    }
+
+    /// The first route that matches `method` and `path` (both normalised,
+    /// [`crate::normalise`]), else the default for the method.
     pub fn route(&self, method: &Method, path: &str) -> Route {
         if let Some(route) = self.routes.iter().find(|r| r.matches(method, path)) {
             return route.clone();
@@ -297,6 +362,7 @@ impl Routes {
             canonical_json: false,
             store_headers: self.defaults.store_headers.clone(),
             max_body: None,
+            credentials: self.defaults.credentials.clone(),
         }
     }
 }
@@ -310,6 +376,10 @@ mod tests {
             scope: "http".into(),
             fingerprint_headers: header_list("content-type").unwrap(),
             store_headers: store_headers(DEFAULT_STORED_HEADERS).unwrap(),
+            credentials: Credentials {
+                headers: header_list(DEFAULT_CREDENTIAL_HEADERS).unwrap(),
+                cookies: Vec::new(),
+            },
         }
     }
 
@@ -344,6 +414,18 @@ mod tests {
         assert_eq!(routes.route(&Method::PATCH, "/other").mode, Mode::Accept);
         assert_eq!(routes.route(&Method::GET, "/payments/x").mode, Mode::Pass);
         assert_eq!(routes.route(&Method::DELETE, "/x").mode, Mode::Pass);
+        // No spelling of a route's path escapes it.
+        for path in ["/Payments", "/payments;x", "//payments/", "/PAYMENTS/a;b/c"] {
+            assert_eq!(
+                routes.route(&Method::POST, path).mode,
+                Mode::Require,
+                "{path}"
+            );
+        }
+        assert!(routes.may_coordinate(&Method::PUT), "* /orders/... accept");
+        let plain = Routes::parse(["GET /x pass"], defaults()).unwrap();
+        assert!(!plain.may_coordinate(&Method::GET));
+        assert!(plain.may_coordinate(&Method::POST));
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! The upstream: the HTTP client (HTTP/1.1, or h2c with prior knowledge),
 //! how a client's request becomes the upstream's (hop-by-hop headers
 //! dropped, the key's lease in headers), and which upstream answers are
-//! failures to retry rather than answers to keep. That last decision is
-//! made here ([`Upstream::is_retryable`]).
+//! failures to retry rather than answers to keep, and which are neither.
+//! Those decisions are made here ([`Upstream::is_retryable`],
+//! [`Upstream::is_unstored`]).
 
 use std::time::Duration;
 
@@ -19,6 +20,8 @@ use crate::body::ProxyBody;
 pub const FENCING_TOKEN: HeaderName = HeaderName::from_static("idempotency-fencing-token");
 /// The attempt, counting from 1.
 pub const ATTEMPT: HeaderName = HeaderName::from_static("idempotency-attempt");
+/// Marks a replayed answer; the sidecar's alone, never the upstream's.
+pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 /// Why the upstream gave no answer.
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +80,14 @@ impl Upstream {
             || self.retry_statuses.also.contains(&status)
     }
 
+    /// Whether an upstream answer with `status` is neither stored nor
+    /// recorded as a failure: 401 and 403 say who the caller is, not what
+    /// the request did, so the key is released and the caller's next
+    /// request (with credentials, say) runs.
+    pub fn is_unstored(status: StatusCode) -> bool {
+        status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN
+    }
+
     /// Sends `request` (its URI's path and query kept, the rest the
     /// upstream's) with `extra` headers; the answer's head within the
     /// timeout.
@@ -103,7 +114,12 @@ impl Upstream {
             headers.insert(name, value);
         }
         match tokio::time::timeout(self.timeout, self.client.request(request)).await {
-            Ok(Ok(response)) => Ok(response),
+            Ok(Ok(mut response)) => {
+                // Only the sidecar says what is a replay: an upstream's own
+                // marker would tell a client its first answer was one.
+                response.headers_mut().remove(&REPLAYED);
+                Ok(response)
+            }
             Ok(Err(error)) => Err(UpstreamError::Unreachable(error_chain(&error))),
             Err(_) => Err(UpstreamError::Timeout(self.timeout)),
         }

@@ -139,10 +139,10 @@ impl Fingerprint {
         Fingerprint(hex::encode(Sha256::digest(payload)))
     }
 
-    /// The SHA-256 of the request's canonical JSON: object keys sorted, no
-    /// insignificant white space, arrays in order. Numbers are kept as
-    /// written (the JSON parser runs with arbitrary precision), so two
-    /// different large numbers can never canonicalise to the same text.
+    /// The SHA-256 of the request's canonical JSON
+    /// ([`idempotency_client::canonical_json`]): object keys sorted, no
+    /// insignificant white space, arrays in order, numbers kept as written,
+    /// so two different large numbers never canonicalise to the same text.
     pub fn of_json(text: &str) -> Result<Self, InvalidInput> {
         if json_values_at_least(text, Self::MAX_JSON_VALUES + 1) {
             return refuse(format!(
@@ -150,13 +150,10 @@ impl Fingerprint {
                 Self::MAX_JSON_VALUES
             ));
         }
-        let value: serde_json::Value = serde_json::from_str(text)
+        // The sidecar's canonical form too: one canonicaliser.
+        let canonical = idempotency_client::canonical_json(text.as_bytes())
             .map_err(|e| InvalidInput(format!("is not valid JSON: {e}")))?;
-        // serde_json's map is ordered by key unless its `preserve_order`
-        // feature is on, which this crate never enables.
-        let canonical = serde_json::to_string(&value)
-            .map_err(|e| InvalidInput(format!("cannot be canonicalised: {e}")))?;
-        Ok(Self::of_payload(canonical.as_bytes()))
+        Ok(Self::of_payload(&canonical))
     }
 
     /// Rebuilds a fingerprint read back from storage.

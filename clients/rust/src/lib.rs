@@ -1,5 +1,7 @@
 #![doc = include_str!("../README.md")]
 
+#[cfg(feature = "canonical-json")]
+mod canonical;
 mod client;
 mod codec;
 mod error;
@@ -17,6 +19,8 @@ pub mod proto {
     tonic::include_proto!("idempotency.v1");
 }
 
+#[cfg(feature = "canonical-json")]
+pub use canonical::canonical_json;
 pub use client::{Client, ClientOptions, ConnectError, TlsOptions, Transport, TransportError};
 pub use codec::{Codec, CodecError, Json, Raw};
 pub use error::{CallError, FieldViolation, RunOnceError, WorkError};

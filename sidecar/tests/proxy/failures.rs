@@ -92,11 +92,15 @@ async fn a_lease_lost_mid_request_does_not_cut_the_upstream_call_off() {
     let coordinator = Coordinator::start_with(&["--metrics-listen", "127.0.0.1:0"]).await;
     let upstream = TestUpstream::start().await;
     // A heartbeat every second.
+    // Keys global (no caller's namespace), so the operator names the
+    // client's key as it is.
     let flags = [
         "--lease-ttl",
         "3s",
         "--route",
         "POST /gate accept scope=gates",
+        "--credential-headers",
+        "-",
     ];
     let sidecar = start_sidecar(&upstream.url(), &coordinator.endpoint(), &flags).await;
     let client = TestClient::new(sidecar.addr);

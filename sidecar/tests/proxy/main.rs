@@ -9,6 +9,9 @@ mod binary;
 #[path = "../../../tests/api/helpers/database.rs"]
 #[allow(dead_code)]
 mod database;
+#[path = "../../../bench/tests/faults/proxy.rs"]
+#[allow(dead_code)]
+mod faults_proxy;
 #[path = "../../../tests/api/helpers/pki.rs"]
 mod pki;
 #[path = "../../../tests/api/helpers/polling.rs"]
@@ -17,11 +20,15 @@ mod polling;
 #[allow(dead_code)]
 mod process;
 
+mod built_alone;
+mod callers;
 mod concurrency;
 mod failures;
 mod latency;
 mod logs;
 mod operations;
+mod outage;
+mod paths;
 mod refusals;
 mod replays;
 mod support;

@@ -9,6 +9,10 @@
 //! - `POST /big?bytes=N`: 200 with N bytes.
 //! - `POST /busy`: 429 with `Retry-After: 30`.
 //! - `GET /items`: 200, counted apart.
+//! - `POST /account`: 401 without `Authorization`; else 201 naming the
+//!   caller, with a `Set-Cookie` of the caller's session.
+//! - `POST /marked` (and `GET /marked`): 201 (200) marked
+//!   `Idempotent-Replayed: true` by the upstream itself.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -141,6 +145,7 @@ async fn answer(
         attempt: header(&request, "idempotency-attempt"),
         version: request.version(),
     };
+    let caller: Option<String> = header(&request, "authorization");
     let hold = query(&request, "hold_ms");
     let bytes = query(&request, "bytes");
     let body = request.into_body().collect().await.map(|b| b.to_bytes());
@@ -173,6 +178,14 @@ async fn answer(
             return response;
         }
         "/items" => (StatusCode::OK, "[]".to_owned()),
+        "/account" => return account(caller, n),
+        "/marked" => {
+            return Response::builder()
+                .status(StatusCode::CREATED)
+                .header("idempotent-replayed", "true")
+                .body(Full::new(Bytes::from(format!("{{\"effect\":{n}}}"))))
+                .unwrap();
+        }
         _ => (
             StatusCode::CREATED,
             format!(
@@ -189,5 +202,26 @@ async fn answer(
         .header("etag", format!("\"{n}\""))
         .header("set-cookie", format!("session={n}"))
         .body(Full::new(Bytes::from(text)))
+        .unwrap()
+}
+
+/// `/account`: who the caller is decides the answer.
+fn account(caller: Option<String>, n: usize) -> Response<Full<Bytes>> {
+    let Some(caller) = caller else {
+        return Response::builder()
+            .status(StatusCode::UNAUTHORIZED)
+            .header("www-authenticate", "Bearer")
+            .body(Full::new(Bytes::from_static(
+                b"{\"error\":\"who are you?\"}",
+            )))
+            .unwrap();
+    };
+    Response::builder()
+        .status(StatusCode::CREATED)
+        .header("content-type", "application/json")
+        .header("set-cookie", format!("session={caller}-{n}"))
+        .body(Full::new(Bytes::from(format!(
+            "{{\"owner\":\"{caller}\",\"effect\":{n}}}"
+        ))))
         .unwrap()
 }
