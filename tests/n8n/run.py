@@ -184,7 +184,12 @@ def main():
         processes.append(start([n8n, "start"], n8n_log, env))
         hooks = f"http://127.0.0.1:{n8n_port}/webhook"
         wait_until("n8n", lambda: urllib.request.urlopen(f"http://127.0.0.1:{n8n_port}/healthz").status == 200, 180)
-        wait_until("n8n's webhooks", lambda: post(f"{hooks}/coordinator-health", {})[0] == 200, 60)
+        # n8n registers each published workflow's webhook as it activates
+        # it, one after another: wait for both (a warm-up order charges
+        # a key of its own).
+        wait_until("n8n's webhooks", lambda: post(f"{hooks}/coordinator-health", {})[0] == 200, 120)
+        warm_up = {"unique_id": f"warm-up-{time.time_ns()}"}
+        wait_until("n8n's order webhook", lambda: post(f"{hooks}/orders", warm_up)[0] == 200, 120)
 
         checks = Checks()
         checks.run("ten parallel executions of one order charge it once",
