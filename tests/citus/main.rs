@@ -29,5 +29,6 @@ mod migrations;
 mod moves;
 #[allow(dead_code)]
 mod placement;
+mod plan_cache;
 mod table_changes;
 mod waiting;
