@@ -116,7 +116,11 @@ async fn a_worker_plans_nothing_per_call_once_its_sessions_have_run() {
     // Keys of one shard: the most keys of a few thousand fall in.
     let mut by_shard: HashMap<i64, (u16, Vec<String>)> = HashMap::new();
     for (key, shard, port) in place(&db, 5000).await {
-        by_shard.entry(shard).or_insert((port, Vec::new())).1.push(key);
+        by_shard
+            .entry(shard)
+            .or_insert((port, Vec::new()))
+            .1
+            .push(key);
     }
     let (port, mut keys) = by_shard
         .into_values()
