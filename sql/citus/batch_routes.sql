@@ -23,13 +23,17 @@
 -- INSERT. The decisions are idempotency_call_batch's on one PostgreSQL
 -- (sql/functions/batches.sql) for keys that cannot be created together: a
 -- new key is created by the loop's INSERT, a live record with a final
--- answer is answered from the loop's read, every other Acquire runs
--- idempotency_acquire and every Complete idempotency_complete (whose
--- statements are all single-key and cacheable). The batch's own success
--- UPDATE is not used: it sets `expires_at = v_now + k.retention`, a
--- STABLE operator over a column, which Citus refuses in an UPDATE of a
--- distributed table; idempotency_complete reads the row (and its
--- retention) under its lock first.
+-- answer is answered from the loop's read, a holder's success is recorded
+-- by the loop's UPDATE (its conditions and clock are the batch's), every
+-- other Acquire runs idempotency_acquire and every other Complete
+-- idempotency_complete (whose statements are all single-key and
+-- cacheable). The success UPDATE sets expires_at to the clock plus the
+-- row's retention as to_timestamp(v_epoch + extract(epoch FROM
+-- k.retention)), v_epoch the clock in seconds: one PostgreSQL's
+-- `v_now + k.retention` is a STABLE operator over a column, which Citus
+-- refuses in an UPDATE of a distributed table, and these functions are
+-- immutable. The same instant: retention is whole milliseconds (the server
+-- sends milliseconds), and to_timestamp rounds to the microsecond.
 --
 -- The deadline check is inside: Citus delegates a call with no subquery
 -- alongside it (a parameter in one is sent as `$0`, which the node does not
@@ -88,6 +92,12 @@ DECLARE
     v_lease     interval;
     v_token     uuid;
     v_fencing   bigint;
+    -- A success's values, and the clock as seconds since the epoch.
+    v_result       bytea;
+    v_content_type text;
+    v_status_code  integer;
+    v_result_ref   text;
+    v_epoch        numeric;
 BEGIN
     FOR i IN 1 .. coalesce(array_length(p_key, 1), 0) LOOP
         ord := i;
@@ -138,6 +148,37 @@ BEGIN
                                            p_request_id[i], p_lease_ms[i], p_max_attempts[i],
                                            p_retention_ms[i], p_watch_ms[i], p_clock_offset_ms) a;
         ELSE
+            IF p_outcome[i] = 'SUCCESS' THEN
+                v_tenant := p_tenant[i];
+                v_scope := p_scope[i];
+                v_key := p_key[i];
+                v_token := p_token[i];
+                v_result := p_result[i];
+                v_content_type := p_content_type[i];
+                v_status_code := p_status_code[i];
+                v_result_ref := p_result_ref[i];
+                v_now := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
+                v_epoch := extract(epoch FROM v_now);
+                UPDATE idempotency_keys k SET
+                    status = 'SUCCEEDED', lease_outcome = 'SUCCESS',
+                    lease_expires_at = NULL, next_retry_at = NULL,
+                    result = v_result, result_content_type = v_content_type,
+                    result_status_code = v_status_code, result_ref = v_result_ref,
+                    completed_at = v_now, updated_at = v_now,
+                    expires_at = to_timestamp(v_epoch + extract(epoch FROM k.retention))
+                 WHERE k.tenant = v_tenant AND k.scope = v_scope AND k.idempotency_key = v_key
+                   AND k.lease_token = v_token AND k.lease_outcome IS NULL
+                   AND k.expires_at > v_now AND k.updated_at <= v_now
+                RETURNING * INTO rec;
+                IF FOUND THEN
+                    IF rec.watch_until > v_now THEN
+                        PERFORM idempotency_notify_if_watched(rec, v_now);
+                    END IF;
+                    outcome := 'OK';
+                    RETURN NEXT;
+                    CONTINUE;
+                END IF;
+            END IF;
             RETURN QUERY
                 SELECT i, NULL::text, NULL::bigint, c.outcome, c.rec
                   FROM idempotency_complete(p_tenant[i], p_scope[i], p_key[i], p_token[i],
