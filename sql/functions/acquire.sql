@@ -109,6 +109,10 @@ BEGIN
         v_now := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
         EXIT WHEN FOUND;
 
+        -- Drawn before the INSERT: a statement with a volatile call inside
+        -- is planned anew every time on Citus (docs/scaling.md).
+        v_token := gen_random_uuid();
+        v_fencing := nextval('idempotency_fencing');
         INSERT INTO idempotency_keys (
             tenant, scope, idempotency_key, status, fingerprint,
             attempt_count, max_attempts, retention,
@@ -117,7 +121,7 @@ BEGIN
         VALUES (
             p_tenant, p_scope, p_key, 'PROCESSING', p_fingerprint,
             1, p_max_attempts, v_retention,
-            gen_random_uuid(), p_request_id, v_now + v_lease, nextval('idempotency_fencing'),
+            v_token, p_request_id, v_now + v_lease, v_fencing,
             v_now, v_now, greatest(v_now + v_retention, v_now + v_lease))
         ON CONFLICT (tenant, scope, idempotency_key) DO NOTHING
         RETURNING * INTO r;

@@ -128,6 +128,11 @@ pub(super) struct Settings {
     pub query_timeout: Duration,
     /// Where each key's row lives, on Citus: batches are split by node.
     pub routes: Arc<Routes>,
+    /// How long a queued call waits for a worker to take it: on Citus, a
+    /// worker waits for a batch's node groups at most half of it, so that
+    /// a node that stopped answering does not hold up the calls of the
+    /// other nodes queued behind its batch.
+    pub connect_wait: Duration,
 }
 
 struct Pending<C> {
@@ -287,7 +292,7 @@ async fn work<C: Call>(
         if map.is_some() {
             shards::reread_if_due(&settings.routes, &settings.mux, settings.query_timeout);
         }
-        if let Some(map) = map.as_deref().filter(|_| settings.routes.direct()) {
+        if let Some(map) = map.clone().filter(|_| settings.routes.direct()) {
             // Straight to the nodes: nothing goes through the coordinator.
             run_on_nodes(&settings, &mut batch, map).await;
             batch.clear();
@@ -408,18 +413,33 @@ async fn run<C: Call>(
 /// Runs the batch as one statement per node, each on a shared connection
 /// straight to its node (keys the map cannot place through the coordinator
 /// node), sent together; answers every caller in it. A node that cannot
-/// be reached fails only its own calls.
-async fn run_on_nodes<C: Call>(settings: &Settings, batch: &mut Vec<Pending<C>>, map: &ShardMap) {
-    let groups = by_node(map, std::mem::take(batch));
-    let groups = groups.into_iter().map(|(node, mut group)| async move {
-        let mux = node
-            .and_then(|node| settings.routes.node(node))
-            .unwrap_or_else(|| Arc::clone(&settings.mux));
-        if let Some(shared) = connection(&mux, None, &mut group).await {
-            run_group(settings, &mux, &mut group, &shared, true).await;
-        }
-    });
-    futures_util::future::join_all(groups).await;
+/// be reached fails only its own calls, and one that stops answering holds
+/// up only its own: each group runs in a task of its own, and the worker
+/// waits for them at most half the connect wait, after which the groups
+/// still out finish (their callers hear how, within the query timeout)
+/// while the worker takes the next calls.
+async fn run_on_nodes<C: Call>(
+    settings: &Arc<Settings>,
+    batch: &mut Vec<Pending<C>>,
+    map: Arc<ShardMap>,
+) {
+    let groups = by_node(&map, std::mem::take(batch));
+    let groups: Vec<_> = groups
+        .into_iter()
+        .map(|(node, mut group)| {
+            let settings = Arc::clone(settings);
+            tokio::spawn(async move {
+                let mux = node
+                    .and_then(|node| settings.routes.node(node))
+                    .unwrap_or_else(|| Arc::clone(&settings.mux));
+                if let Some(shared) = connection(&mux, None, &mut group).await {
+                    run_group(&settings, &mux, &mut group, &shared, true).await;
+                }
+            })
+        })
+        .collect();
+    // Dropping a task's handle leaves it running.
+    let _ = tokio::time::timeout(settings.connect_wait / 2, future::join_all(groups)).await;
 }
 
 /// `batch`'s calls grouped by the node group the map places their keys on

@@ -133,6 +133,7 @@ impl Store {
                     max_batch: config.batch_size,
                     query_timeout: config.query_timeout,
                     routes: Arc::clone(&routes),
+                    connect_wait: config.connect_wait,
                 };
                 Some(Arc::new(batch::Coalescer::start(settings)))
             }

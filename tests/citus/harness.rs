@@ -8,6 +8,10 @@
 //! ([`private_cluster`]), stopped when the last handle to it is dropped,
 //! so that the other tests' shared cluster never sees its faults.
 //!
+//! Every node loads `pg_stat_statements`, tracking the statements inside
+//! functions and their planning, so that a test can tell from a worker's
+//! own statistics how its statements were planned (`plan_cache`).
+//!
 //! Citus must be installed into the machine's PostgreSQL 15 (`bash
 //! .ci/citus`). Without it the tests are skipped with a message, or fail
 //! when `CI` is set. PostgreSQL refuses to run as root: then the nodes run
@@ -168,6 +172,12 @@ impl Cluster {
         self.root.join(format!("node-{port}"))
     }
 
+    /// The unix socket of the node on `port`: a way in that does not go
+    /// through the address the cluster knows it by (a proxy's target).
+    pub fn socket(&self, port: u16) -> PathBuf {
+        self.data_dir(port).join(format!(".s.PGSQL.{port}"))
+    }
+
     fn init_node(&self, port: u16) {
         let data = self.data_dir(port);
         let data_arg = data.to_str().expect("utf-8 path");
@@ -186,7 +196,9 @@ impl Cluster {
         );
         let settings = format!(
             "\nport = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
-             shared_preload_libraries = 'citus'\nmax_prepared_transactions = 100\n\
+             shared_preload_libraries = 'citus,pg_stat_statements'\n\
+             pg_stat_statements.track = all\npg_stat_statements.track_planning = on\n\
+             max_prepared_transactions = 100\n\
              max_connections = 200\nfsync = off\nsynchronous_commit = off\n\
              full_page_writes = off\nshared_buffers = 32MB\n\
              citus.node_conninfo = 'sslmode=disable'\n",
@@ -289,6 +301,15 @@ impl CitusDatabase {
 
     /// A fresh database on `cluster` (the shared one, or a private one).
     pub async fn create_on(cluster: Arc<Cluster>) -> CitusDatabase {
+        let workers = cluster.workers();
+        CitusDatabase::create_through(cluster, workers).await
+    }
+
+    /// [`CitusDatabase::create_on`], each worker known to the cluster (and
+    /// to the server, which reads the addresses from the metadata) by the
+    /// port in `addresses` instead of its own: a proxy's, whose network a
+    /// test can break.
+    pub async fn create_through(cluster: Arc<Cluster>, addresses: [u16; 2]) -> CitusDatabase {
         let name = format!("idem_citus_{}", uuid::Uuid::new_v4().simple());
         for port in cluster.ports {
             create_on_node(&cluster, port, &name).await;
@@ -307,7 +328,7 @@ impl CitusDatabase {
             )
             .await
             .expect("citus_set_coordinator_host");
-        for port in cluster.workers() {
+        for port in addresses {
             add_node(&coordinator, port).await;
         }
         db

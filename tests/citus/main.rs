@@ -29,6 +29,7 @@ mod migrations;
 mod moves;
 #[allow(dead_code)]
 mod placement;
+mod plan_cache;
 /// What the harness (shared with the bench crate's Citus faults, which
 /// have no `helpers`) calls when Citus is missing.
 mod skip {

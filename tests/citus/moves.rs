@@ -84,10 +84,12 @@ async fn a_complete_whose_shard_moved_to_its_node_while_it_waited_writes_nothing
     // The move, held after it blocks writes, before it copies.
     let (gate, moving) = held_move(db, shard, from, to).await;
 
-    // A batch holding the Complete, routed by a key of the node the shard
-    // moves to, as a server whose map predates an earlier move sends it:
-    // it runs there, reads the row on the old placement, and its write
-    // waits for the move.
+    // A batch holding the Complete (a failure: the batch records a success
+    // with a single UPDATE, a write that waits for the move before it
+    // reads; a failure runs idempotency_complete), routed by a key of the
+    // node the shard moves to, as a server whose map predates an earlier
+    // move sends it: it runs there, reads the row on the old placement,
+    // and its write waits for the move.
     let route = place(db, 64)
         .await
         .into_iter()
@@ -102,8 +104,8 @@ async fn a_complete_whose_shard_moved_to_its_node_while_it_waited_writes_nothing
             "SELECT b.outcome, (b.rec).status FROM idempotency_call_batch_at($1, \
              ARRAY[false], ARRAY['t'], ARRAY['s'], ARRAY[$2::text], ARRAY[''], ARRAY[''], \
              ARRAY[0::bigint], ARRAY[0], ARRAY[0::bigint], ARRAY[0::bigint], ARRAY[$3::uuid], \
-             ARRAY['SUCCESS'], ARRAY['\\x6f6b'::bytea], ARRAY['text/plain'], ARRAY[0], \
-             ARRAY[''], ARRAY[''], ARRAY[false], ARRAY[NULL::bigint], ARRAY[1000::bigint], \
+             ARRAY['FAILURE'], ARRAY[NULL::bytea], ARRAY[''], ARRAY[0], \
+             ARRAY[''], ARRAY['it broke'], ARRAY[false], ARRAY[NULL::bigint], ARRAY[1000::bigint], \
              ARRAY[60000::bigint], 0, NULL) b",
             &[&route, &batch_key, &token],
         )

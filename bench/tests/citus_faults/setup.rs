@@ -31,11 +31,21 @@ pub struct Env {
 impl Env {
     /// `None` when Citus is not installed (the test is skipped).
     pub async fn start() -> Option<Env> {
-        crate::server_log::keep();
-        let cluster = tokio::task::spawn_blocking(harness::private_cluster)
+        let cluster = Env::cluster().await?;
+        Some(Env::start_on(CitusDatabase::create_on(cluster).await).await)
+    }
+
+    /// A private cluster for [`Env::start_on`]; `None` when Citus is not
+    /// installed.
+    pub async fn cluster() -> Option<std::sync::Arc<harness::Cluster>> {
+        tokio::task::spawn_blocking(harness::private_cluster)
             .await
-            .expect("start the cluster")?;
-        let db = CitusDatabase::create_on(cluster).await;
+            .expect("start the cluster")
+    }
+
+    /// The server on `db`.
+    pub async fn start_on(db: CitusDatabase) -> Env {
+        crate::server_log::keep();
         let mut config = ServeConfig::new("127.0.0.1:0".parse().unwrap(), db.url.clone());
         config.store.connect_wait = Duration::from_millis(300);
         config.store.query_timeout = Duration::from_secs(1);
@@ -57,13 +67,13 @@ impl Env {
             .await
             .expect("server run");
         });
-        Some(Env {
+        Env {
             db,
             addr,
             hub,
             shutdown: Some(tx),
             server: Some(server),
-        })
+        }
     }
 
     /// Stops the server, then (on drop) the database and the cluster.
