@@ -12,6 +12,7 @@ mod complete;
 mod concurrency;
 mod conformance;
 mod console;
+mod database_tls;
 mod deadlines;
 mod door;
 mod due;
