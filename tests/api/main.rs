@@ -25,6 +25,7 @@ mod health;
 mod helpers;
 mod hostile;
 mod http;
+mod large_results;
 mod metrics;
 mod migrations;
 mod replays;
