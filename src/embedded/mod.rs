@@ -134,6 +134,25 @@ fn nobody() -> Option<(u32, u32)> {
     }
 }
 
+/// Who PostgreSQL runs as: `nobody` when this process is root (PostgreSQL
+/// refuses root), else this process's user (`None`).
+fn database_user() -> Result<Option<(u32, u32)>, EmbeddedError> {
+    if running_as_root() {
+        Ok(Some(nobody().ok_or(EmbeddedError::NoUnprivilegedUser)?))
+    } else {
+        Ok(None)
+    }
+}
+
+/// PostgreSQL's program `name` (`initdb`, `postgres`) from the binaries
+/// the private database runs, run as the user it runs as, and that user's
+/// ids (`None`: this process's user), who must own the files it reads: for
+/// a PostgreSQL configured otherwise (the tests' TLS-only one).
+pub async fn program(name: &str) -> Result<(Command, Option<(u32, u32)>), EmbeddedError> {
+    let owner = database_user()?;
+    Ok((command(&binaries().await?, name, owner), owner))
+}
+
 /// A running private PostgreSQL.
 pub struct Embedded {
     data_dir: PathBuf,
@@ -166,11 +185,7 @@ impl Embedded {
         let started = Instant::now();
         let (data_dir, lock) = lock_data_dir(data_dir)?;
         let bin = binaries().await?;
-        let owner = if running_as_root() {
-            Some(nobody().ok_or(EmbeddedError::NoUnprivilegedUser)?)
-        } else {
-            None
-        };
+        let owner = database_user()?;
         let files = Files::prepare(&data_dir, owner, port)?;
         if !files.pgdata.join("PG_VERSION").exists() {
             init_database_files(&bin, &files).await?;

@@ -35,7 +35,7 @@ const DATABASE_ATTEMPT_LIMIT: Duration = Duration::from_secs(10);
 /// here: [`store::connect_error::check_url`] refuses it first.)
 pub async fn wait_for_database(
     store: &Store,
-    pg: &tokio_postgres::Config,
+    pg: &crate::store::Postgres,
     migrate: bool,
     bound: Option<Duration>,
 ) -> Result<(), StartupError> {
@@ -100,7 +100,7 @@ enum Attempt {
 /// a Citus coordinator.
 async fn attempt_database(
     store: &Store,
-    pg: &tokio_postgres::Config,
+    pg: &crate::store::Postgres,
     migrate: bool,
 ) -> Result<(), Attempt> {
     store::connect_error::probe(pg, DATABASE_ATTEMPT_LIMIT)

@@ -64,7 +64,7 @@ impl DatabaseWork {
 
     /// Starts the listener on `pg`, the probe, readiness and (unless its
     /// interval is zero) the sweeper, each ending when the drain begins.
-    pub(super) fn start(self, pg: tokio_postgres::Config, background: &mut Supervisor) {
+    pub(super) fn start(self, pg: crate::store::Postgres, background: &mut Supervisor) {
         let DatabaseWork {
             hub,
             reporter,

@@ -27,7 +27,7 @@ pub(super) struct Life {
     /// The store the wait connects and migrates through.
     pub(super) store: Store,
     /// The database URL, parsed and checked.
-    pub(super) pg: tokio_postgres::Config,
+    pub(super) pg: crate::store::Postgres,
     /// Whether the wait migrates.
     pub(super) run_migrations: bool,
     /// How long the wait may take (`None`: forever).

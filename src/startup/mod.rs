@@ -141,7 +141,7 @@ pub struct Application {
     /// TLS in force, when configured.
     tls: Option<Arc<Tls>>,
     /// The database URL, parsed and checked.
-    pg: tokio_postgres::Config,
+    pg: crate::store::Postgres,
     /// The database answered (and was migrated) before `run_until`.
     database_ready: bool,
     /// Where Prometheus metrics are served, when configured.

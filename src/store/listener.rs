@@ -26,7 +26,7 @@ use std::time::Duration;
 use chrono::Utc;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::AsyncMessage;
 use tokio_util::sync::CancellationToken;
 
 use super::clock::Clock;
@@ -71,7 +71,7 @@ impl Change {
 /// The database listener, ready to run: [`Listener::run`] keeps it until
 /// its stop token is cancelled.
 pub struct Listener {
-    pg: tokio_postgres::Config,
+    pg: super::Postgres,
     interval: Duration,
     clock: Clock,
     on_change: Arc<dyn Fn(Change) + Send + Sync>,
@@ -91,7 +91,7 @@ impl Listener {
     /// reconnecting every `interval`, and hands every notification to
     /// `on_change`.
     pub fn new(
-        pg: tokio_postgres::Config,
+        pg: super::Postgres,
         interval: Duration,
         clock: Clock,
         on_change: impl Fn(Change) + Send + Sync + 'static,
@@ -222,14 +222,14 @@ enum Ended {
 /// until something fails. Returns why it ended, and whether it got as far
 /// as listening.
 async fn listen_once(
-    pg: &tokio_postgres::Config,
+    pg: &super::Postgres,
     (state, node_states): (&watch::Sender<bool>, &watch::Sender<NodeStates>),
     interval: Duration,
     connect_within: Duration,
     clock: &Clock,
     on_change: &Arc<dyn Fn(Change) + Send + Sync>,
 ) -> (String, Ended) {
-    let connect = tokio::time::timeout(connect_within, pg.connect(NoTls)).await;
+    let connect = tokio::time::timeout(connect_within, pg.connect()).await;
     let (client, connection) = match connect {
         Ok(Ok(pair)) => pair,
         Ok(Err(e)) => {
@@ -317,10 +317,7 @@ async fn listen_once(
 /// Hands every notification `connection` receives to `on_change`, until
 /// the connection ends (then the task ends).
 fn deliver(
-    mut connection: tokio_postgres::Connection<
-        tokio_postgres::Socket,
-        tokio_postgres::tls::NoTlsStream,
-    >,
+    mut connection: tokio_postgres::Connection<tokio_postgres::Socket, super::postgres::PgStream>,
     on_change: Arc<dyn Fn(Change) + Send + Sync>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
@@ -352,7 +349,7 @@ struct NodeSession {
 struct Node {
     /// host:port, for messages and health.
     name: String,
-    pg: tokio_postgres::Config,
+    pg: super::Postgres,
     session: Option<NodeSession>,
 }
 
@@ -372,7 +369,7 @@ fn states(nodes: &[Node]) -> NodeStates {
 /// the session ([`nodes_changed`]), and the next one listens on the new
 /// set.
 async fn listen_on_other_nodes(
-    pg: &tokio_postgres::Config,
+    pg: &super::Postgres,
     client: &tokio_postgres::Client,
     connect_within: Duration,
     on_change: &Arc<dyn Fn(Change) + Send + Sync>,
@@ -387,7 +384,7 @@ async fn listen_on_other_nodes(
     for (host, port) in nodes {
         let mut node = Node {
             name: format!("{host}:{port}"),
-            pg: super::citus::node_config(pg, &host, port),
+            pg: pg.for_node(&host, port),
             session: None,
         };
         match listen_on(&node, connect_within, on_change).await {
@@ -410,7 +407,7 @@ async fn listen_on(
     let listened = async {
         let (client, connection) = node
             .pg
-            .connect(NoTls)
+            .connect()
             .await
             .map_err(|e| ConnectError::connecting(&node.pg, &e).to_string())?;
         let driver = deliver(connection, Arc::clone(on_change));

@@ -46,6 +46,7 @@ mod maintenance;
 pub mod migrate;
 mod mux;
 pub mod names;
+pub mod postgres;
 pub mod probe;
 mod replays;
 mod row;
@@ -53,6 +54,7 @@ mod row_type;
 mod run;
 mod setup;
 mod shards;
+pub mod tls;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -77,6 +79,7 @@ pub use clock::Clock;
 pub use connect_error::{ConnectError, ConnectTarget, UrlError};
 pub use error::{QueryTimeout, StoreError};
 pub use listener::Change;
+pub use postgres::{Postgres, PostgresError};
 pub use setup::{StoreConfig, pg_config};
 
 /// The statements of the two hot calls run alone, for clients that call the

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tokio::sync::RwLock;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, NoTls, Row, Statement};
+use tokio_postgres::{Client, Row, Statement};
 
 use super::StoreError;
 use super::connect_error::ConnectError;
@@ -129,7 +129,7 @@ pub(super) struct Mux {
     /// How to connect, with PostgreSQL's own limit on each statement a
     /// little under the client's query timeout: a statement that runs too
     /// long is then rolled back by the database itself.
-    pg: tokio_postgres::Config,
+    pg: super::Postgres,
     slots: Vec<RwLock<Option<Arc<Shared>>>>,
     next: AtomicUsize,
 }
@@ -156,19 +156,16 @@ pub(super) fn statement_limit_until(
 }
 
 impl Mux {
-    pub fn new(
-        mut pg: tokio_postgres::Config,
-        connections: usize,
-        query_timeout: Duration,
-    ) -> Self {
+    pub fn new(pg: super::Postgres, connections: usize, query_timeout: Duration) -> Self {
         let options = format!(
             "{} -c statement_timeout={}",
             pg.get_options().unwrap_or_default(),
             statement_limit(query_timeout).as_millis()
         );
-        pg.options(options.trim_start());
+        let mut config = pg.config().clone();
+        config.options(options.trim_start());
         Mux {
-            pg,
+            pg: pg.with_config(config),
             slots: (0..connections.max(1)).map(|_| RwLock::new(None)).collect(),
             next: AtomicUsize::new(0),
         }
@@ -226,7 +223,7 @@ impl Mux {
         {
             return Ok(Arc::clone(shared));
         }
-        let (client, connection) = tokio::time::timeout(wait, self.pg.connect(NoTls))
+        let (client, connection) = tokio::time::timeout(wait, self.pg.connect())
             .await
             .map_err(|_| ConnectError::timed_out(&self.pg, wait))
             .and_then(|connected| connected.map_err(|e| ConnectError::connecting(&self.pg, &e)))

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
 
 use super::calls::HotCall;
 use super::clock::Clock;
@@ -80,11 +79,12 @@ impl Store {
     /// Builds the pool; connections open on first use, so this succeeds while
     /// the database is down.
     pub fn new(config: &StoreConfig, clock: Clock) -> Result<Self, StoreError> {
-        let pg = pg_config(&config.database_url).map_err(|e| StoreError::Config(Box::new(e)))?;
+        let pg = super::Postgres::new(&config.database_url)
+            .map_err(|e| StoreError::Config(Box::new(e)))?;
         let target = Arc::new(ConnectTarget::of(&pg));
         let manager = Manager::from_config(
-            pg.clone(),
-            NoTls,
+            pg.config().clone(),
+            pg.connector(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },

@@ -93,7 +93,7 @@ impl ShardMap {
 pub(super) struct Direct {
     /// The coordinator node's settings (user, password, database, ...),
     /// pointed at each node in turn.
-    pub pg: tokio_postgres::Config,
+    pub pg: super::Postgres,
     /// Shared connections to each node.
     pub connections: usize,
     pub query_timeout: Duration,
@@ -210,7 +210,7 @@ impl Routes {
                     port,
                     "calls go straight to this node"
                 );
-                let pg = super::citus::node_config(&direct.pg, host, *port);
+                let pg = direct.pg.for_node(host, *port);
                 Node {
                     host: host.clone(),
                     port: *port,

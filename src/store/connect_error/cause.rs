@@ -39,6 +39,11 @@ pub enum Cause {
     TooManyConnections(String),
     /// The connection closed (or was reset) before it was ready.
     Closed,
+    /// The server does not take TLS, which the URL's sslmode requires.
+    TlsRefused,
+    /// The TLS handshake failed: the server's certificate did not pass the
+    /// checks sslmode asked for (rustls's words), or the session broke.
+    Tls(String),
     /// Every pooled connection stayed busy for this long.
     PoolBusy(Duration),
     /// Anything else, as the error says it.
@@ -55,6 +60,13 @@ impl Cause {
             return Cause::Closed;
         }
         let source = std::error::Error::source(error);
+        if error.to_string() == "error performing TLS handshake" {
+            return match source.map(ToString::to_string) {
+                Some(said) if said == "server does not support TLS" => Cause::TlsRefused,
+                Some(said) => Cause::Tls(said),
+                None => Cause::Tls(error.to_string()),
+            };
+        }
         if let Some(io) = source.and_then(|s| s.downcast_ref::<io::Error>()) {
             return Cause::from_io(io);
         }

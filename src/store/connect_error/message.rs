@@ -122,6 +122,12 @@ impl fmt::Display for ConnectError {
                 "the server asks for a password and the URL gives none. Put it in the URL \
                  (postgres://user:password@host:port/database)",
             ),
+            Cause::NotAllowed(said) if said.ends_with("no encryption") => write!(
+                f,
+                "the server refuses this client without TLS ({said}). Connect with TLS: \
+                 sslmode=verify-full and sslrootcert=/path/to/ca.pem in the database URL \
+                 (or sslmode=require, which does not check the server's certificate)"
+            ),
             Cause::NotAllowed(said) => write!(
                 f,
                 "the server refuses this client ({said}). Check pg_hba.conf for a line that \
@@ -141,6 +147,17 @@ impl fmt::Display for ConnectError {
             Cause::Closed => f.write_str(
                 "the server closed the connection before it was ready. It may be shutting \
                  down, or what listens there may not be PostgreSQL",
+            ),
+            Cause::TlsRefused => f.write_str(
+                "the server does not accept TLS, which the URL's sslmode requires. Turn ssl on \
+                 in PostgreSQL (ssl, ssl_cert_file, ssl_key_file), or check that the URL names \
+                 the right server",
+            ),
+            Cause::Tls(said) => write!(
+                f,
+                "the TLS handshake failed ({said}). Check that sslrootcert names the CA that \
+                 signed the server's certificate, that the certificate is valid now, and with \
+                 sslmode=verify-full that it names the host in the URL"
             ),
             Cause::PoolBusy(_) => unreachable!("said above"),
             Cause::Other(said) => write!(f, "{said}"),
@@ -187,6 +204,11 @@ mod tests {
                 "no answer within 5s",
             ),
             (say(Cause::UnknownHost), "does not resolve"),
+            (
+                say(Cause::Tls("invalid peer certificate: UnknownIssuer".into())),
+                "sslrootcert names the CA",
+            ),
+            (say(Cause::TlsRefused), "does not accept TLS"),
         ];
         for (sentence, expected) in said {
             assert!(

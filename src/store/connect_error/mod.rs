@@ -8,8 +8,8 @@
 //! so a cause chain in the logs never says it twice.
 //!
 //! A database URL that cannot work however long one waits (it does not
-//! parse, names no host, hides a password's `@` in the host, or asks for TLS
-//! this build does not speak) is a [`UrlError`], found before any
+//! parse, names no host, hides a password's `@` in the host, or has TLS
+//! settings that cannot work, `store::tls`) is a [`UrlError`], found before any
 //! connection is tried.
 //!
 //! By job: [`ConnectTarget`] says where a connection was to go,

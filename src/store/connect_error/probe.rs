@@ -3,15 +3,15 @@
 
 use std::time::Duration;
 
-use tokio_postgres::{Config, NoTls};
+use crate::store::Postgres;
 
 use super::ConnectError;
 
 /// Opens one connection to `config` within `limit` and closes it: the
 /// database answers, knows this user and has this database, or the error
 /// says which not.
-pub async fn probe(config: &Config, limit: Duration) -> Result<(), ConnectError> {
-    match tokio::time::timeout(limit, config.connect(NoTls)).await {
+pub async fn probe(config: &Postgres, limit: Duration) -> Result<(), ConnectError> {
+    match tokio::time::timeout(limit, config.connect()).await {
         Ok(Ok((client, connection))) => {
             drop(client);
             // Ends at once: the client is gone, so the connection says

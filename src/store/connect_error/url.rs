@@ -1,8 +1,10 @@
 //! The database URLs refused before any connection is tried: those that
 //! cannot work however long one waits.
 
-use tokio_postgres::Config;
-use tokio_postgres::config::{Host, SslMode};
+use tokio_postgres::config::Host;
+
+use crate::store::tls::TlsOptionsError;
+use crate::store::{Postgres, PostgresError};
 
 /// A database URL that no amount of waiting makes work.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -14,20 +16,21 @@ pub enum UrlError {
          user=USER)"
     )]
     Malformed(String),
-    #[error(
-        "the database URL asks for TLS (sslmode=require), and this server connects to \
-         PostgreSQL without TLS: use sslmode=prefer or sslmode=disable, over a network you trust"
-    )]
-    TlsRequired,
+    #[error("the database URL's TLS settings cannot work: {0}")]
+    Tls(TlsOptionsError),
 }
 
 /// Parses `url` as [`crate::store::pg_config`] does, and refuses what
 /// cannot work: the refusal says which part is wrong, and never quotes the
 /// URL's text when the URL holds a password.
-pub fn check_url(url: &str) -> Result<Config, UrlError> {
-    let config = crate::store::pg_config(url).map_err(|e| {
-        let said = std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
-        UrlError::Malformed(describe_parse_error(&said, has_password(url)))
+pub fn check_url(url: &str) -> Result<Postgres, UrlError> {
+    let config = Postgres::new(url).map_err(|e| match e {
+        PostgresError::Parse(e) => {
+            let said =
+                std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
+            UrlError::Malformed(describe_parse_error(&said, has_password(url)))
+        }
+        PostgresError::Tls(e) => UrlError::Tls(e),
     })?;
     let hosts = config.get_hosts();
     let hostaddrs = config.get_hostaddrs();
@@ -59,9 +62,6 @@ pub fn check_url(url: &str) -> Result<Config, UrlError> {
              the password as %40"
                 .to_owned(),
         ));
-    }
-    if config.get_ssl_mode() == SslMode::Require {
-        return Err(UrlError::TlsRequired);
     }
     Ok(config)
 }
@@ -119,9 +119,10 @@ mod tests {
         );
         assert!(!refused("postgres://app:p@ss@db/orders").contains("ss@db"));
         assert!(refused("dbname=orders").contains("names no host"));
-        assert_eq!(
-            check_url("postgres://app@db/orders?sslmode=require").unwrap_err(),
-            UrlError::TlsRequired
+        assert!(check_url("postgres://app@db/orders?sslmode=require").is_ok());
+        assert!(
+            refused("postgres://app@db/orders?sslmode=verify-full&sslrootcert=/nonexistent")
+                .contains("cannot read sslrootcert /nonexistent")
         );
         // Quotes the URL's text only when it holds no password.
         assert!(refused("host=db bogus=1").contains("unknown option `bogus`"));
