@@ -110,7 +110,7 @@ async fn a_worker_plans_nothing_per_call_once_its_sessions_have_run() {
     let alone = server_on(&db, |c| c.store.batch_size = 1).await;
     let batched = server_on(&db, |c| {
         c.store.shared_connections = 1;
-        c.store.batch_workers = 1;
+        c.store.batch_workers = Some(1);
     })
     .await;
     // Keys of one shard: the most keys of a few thousand fall in.
