@@ -13,7 +13,9 @@
 //! - [`store`]: the database seam. One method per SQL function in `sql/functions/`
 //!   (where the Acquire/Complete/ExtendLease decisions really live, under row
 //!   locks and the database clock), split by job: `store::setup` (pool and
-//!   configuration), `store::run` (how a statement reaches the database:
+//!   configuration), `store::postgres` with `store::tls` (how every
+//!   connection is opened: the URL's `sslmode` and `sslrootcert` read as
+//!   libpq reads them), `store::run` (how a statement reaches the database:
 //!   pipelined on a few shared connections, `store::mux`, and prepared
 //!   anew when PostgreSQL refuses it as prepared before the table changed,
 //!   `mux::prepared_anew_if_stale`, or batched so that
