@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use idempotency_coordinator::proto::{Decision, Status};
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, Client, NoTls};
+use tonic_types::StatusExt;
 
 use crate::helpers::*;
 
@@ -372,4 +373,65 @@ async fn the_schema_installed_in_a_schema_of_its_own_beside_a_table_of_the_same_
         .unwrap()
         .get(0);
     assert_eq!(functions, 0, "no function of ours in public");
+}
+
+#[tokio::test]
+async fn a_record_locked_by_an_open_transaction_does_not_stall_other_keys() {
+    // One shared connection: a statement stuck on the lock would hold up
+    // every call pipelined behind it.
+    let app = spawn_app_with(|c| c.store.shared_connections = 1).await;
+    let mut c = app.client.clone();
+    let mut pg = app.db.connect().await;
+    pg.batch_execute(ORDERS).await.unwrap();
+    let held = proceed(&mut c, acquire("orders", "locked")).await;
+    let token = token(&held);
+    let tx = pg.transaction().await.unwrap();
+    tx.query_one(
+        COMPLETE_IN_TX,
+        &[&"orders", &"locked", &token, &b"\"placed\"".as_slice()],
+    )
+    .await
+    .unwrap();
+
+    // The same key first, so that the other key's statement queues behind
+    // it on the one connection. A caller that will wait for the record marks
+    // it watched, which takes its row lock.
+    let mut same = c.clone();
+    let same = tokio::spawn(async move {
+        let started = Instant::now();
+        let answer = same.acquire(waiting("orders", "locked", 30)).await;
+        (answer, started.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let started = Instant::now();
+    let other = c.acquire(acquire("orders", "other")).await.unwrap();
+    let other_took = started.elapsed();
+    assert_eq!(decision(other.get_ref()), Decision::Proceed);
+    assert!(
+        other_took < Duration::from_secs(1),
+        "an unrelated key took {other_took:?}"
+    );
+    let (answer, same_took) = tokio::time::timeout(Duration::from_secs(5), same)
+        .await
+        .expect("the locked key answers")
+        .unwrap();
+    let status = answer.expect_err("the locked key is refused for now");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(
+        status.get_error_details().retry_info().is_some(),
+        "a retry delay"
+    );
+    assert!(
+        same_took < Duration::from_secs(1),
+        "the locked key took {same_took:?}"
+    );
+
+    tx.commit().await.unwrap();
+    let replay = c
+        .acquire(acquire("orders", "locked"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(decision(&replay), Decision::AlreadyDone);
+    assert_eq!(replay.record.unwrap().result.unwrap().result, b"\"placed\"");
 }
