@@ -28,11 +28,22 @@
 -- replica wake when the result is really there.
 --
 -- The clock offset is 0: tests move the server's clock, not this one.
--- search_path is the one the schema was installed with (`migrate` run with
+--
+-- Privileges: the function is SECURITY DEFINER and nobody but its owner
+-- (the role that ran `migrate`) may execute it until granted
+-- (`GRANT EXECUTE ON FUNCTION <schema>.idempotency_complete_in_tx(text, text,
+-- text, uuid, bytea, text, integer, text) TO app_role`); the application's
+-- role needs no privilege on the records table, so it cannot read or
+-- rewrite any tenant's records. The lease token is the capability: only
+-- the caller holding the token of a key's latest lease can complete it.
+--
+-- search_path is pinned, after the definition below, to the schema the
+-- function was created in followed by pg_temp (`migrate` run with
 -- `options=-c search_path=...` in its URL installs the schema elsewhere than
--- `public`), so that an application whose session does not list that schema
--- calls it qualified and it still finds the records table and
--- idempotency_complete.
+-- `public`): an application whose session does not list that schema calls
+-- it qualified and it still finds the records table and
+-- idempotency_complete, and no temporary table or function of the caller's
+-- session can stand in for ours (pg_temp is searched last, not first).
 CREATE OR REPLACE FUNCTION idempotency_complete_in_tx(
     p_tenant       text,
     p_scope        text,
@@ -45,7 +56,7 @@ CREATE OR REPLACE FUNCTION idempotency_complete_in_tx(
 )
 RETURNS TABLE (status text, fencing_token bigint, completed_at timestamptz, expires_at timestamptz)
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
+SECURITY DEFINER
 AS $$
 DECLARE
     v_outcome     text;
@@ -110,3 +121,16 @@ BEGIN
     RETURN NEXT;
 END;
 $$;
+
+DO $pin$
+BEGIN
+    EXECUTE format(
+        'ALTER FUNCTION %1$I.idempotency_complete_in_tx(text, text, text, uuid, bytea, text, integer, text)
+             SET search_path = %1$I, pg_temp',
+        current_schema());
+    EXECUTE format(
+        'REVOKE EXECUTE ON FUNCTION %I.idempotency_complete_in_tx(text, text, text, uuid, bytea, text, integer, text)
+             FROM PUBLIC',
+        current_schema());
+END;
+$pin$;

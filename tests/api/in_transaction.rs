@@ -435,3 +435,88 @@ async fn a_record_locked_by_an_open_transaction_does_not_stall_other_keys() {
     assert_eq!(decision(&replay), Decision::AlreadyDone);
     assert_eq!(replay.record.unwrap().result.unwrap().result, b"\"placed\"");
 }
+
+/// The function's argument types, to grant it.
+const SIGNATURE: &str =
+    "idempotency_complete_in_tx(text, text, text, uuid, bytea, text, integer, text)";
+
+/// A connection to `db` as `role`, run on a task of its own.
+async fn connect_as(db: &TestDatabase, role: &str) -> Client {
+    let mut config: tokio_postgres::Config = db.url.parse().unwrap();
+    config.user(role);
+    let (client, connection) = config.connect(NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+#[tokio::test]
+async fn an_application_role_completes_only_once_granted_and_never_reads_the_records() {
+    let app = spawn_app().await;
+    let mut c = app.client.clone();
+    let owner = app.db.connect().await;
+    let role = format!("app_{}", app.db.name);
+    owner
+        .batch_execute(&format!(
+            "{ORDERS}; DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN;
+             GRANT INSERT ON orders TO {role}"
+        ))
+        .await
+        .unwrap();
+    let held = proceed(&mut c, acquire("orders", "k")).await;
+    let token = token(&held);
+    let mut pg = connect_as(&app.db, &role).await;
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+        [&"orders", &"k", &token, &b"\"placed\"".as_slice()];
+    let tx = pg.transaction().await.unwrap();
+    let error = tx.query(COMPLETE_IN_TX, &params).await.unwrap_err();
+    tx.rollback().await.unwrap();
+    let db = error.as_db_error().unwrap();
+    assert_eq!(db.code().code(), "42501", "executed before it was granted");
+    assert!(
+        db.message().contains("function idempotency_complete_in_tx"),
+        "{}",
+        db.message()
+    );
+
+    owner
+        .batch_execute(&format!("GRANT EXECUTE ON FUNCTION {SIGNATURE} TO {role}"))
+        .await
+        .unwrap();
+    for read in [
+        "SELECT count(*) FROM idempotency_keys",
+        "UPDATE idempotency_keys SET attempt_count = 0",
+    ] {
+        assert_eq!(refusal(&mut pg, read, &[]).await.0, "42501", "{read}");
+    }
+    // A temporary table of the caller's session named as ours is not
+    // where the function looks.
+    pg.batch_execute("CREATE TEMP TABLE idempotency_keys (id integer)")
+        .await
+        .unwrap();
+    let tx = pg.transaction().await.unwrap();
+    tx.execute("INSERT INTO orders VALUES ('k', 'app')", &[])
+        .await
+        .unwrap();
+    let row = tx.query_one(COMPLETE_IN_TX, &params).await.unwrap();
+    assert_eq!(row.get::<_, String>(0), "SUCCEEDED");
+    tx.commit().await.unwrap();
+    let shadow: i64 = pg
+        .query_one("SELECT count(*) FROM pg_temp.idempotency_keys", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(shadow, 0);
+    drop(pg);
+
+    let replay = c
+        .acquire(acquire("orders", "k"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(decision(&replay), Decision::AlreadyDone);
+    assert_eq!(replay.record.unwrap().result.unwrap().result, b"\"placed\"");
+    owner
+        .batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
+        .await
+        .unwrap();
+}
