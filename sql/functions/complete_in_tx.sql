@@ -19,6 +19,11 @@
 --          |                   | Complete's: content type 255 characters, result
 --          |                   | reference 2048, result 1 MiB, the server's
 --          |                   | default --max-result-bytes)
+-- 0A000    |                   | the transaction is not READ COMMITTED (under
+--          |                   | REPEATABLE READ or SERIALIZABLE its snapshot
+--          |                   | may predate the caller's own Acquire or
+--          |                   | heartbeat, refused as a lost record or a
+--          |                   | serialization failure that a retry repeats)
 -- 0A000    |                   | the records table is distributed by Citus
 --
 -- OK returns the record's status, fencing token, completion and expiry. A
@@ -90,6 +95,12 @@ BEGIN
         RAISE EXCEPTION 'idempotency_complete_in_tx: p_result is % bytes, more than the limit of 1048576 bytes; store it elsewhere and pass p_result_ref',
             octet_length(p_result)
             USING ERRCODE = 'invalid_parameter_value', DETAIL = 'p_result';
+    END IF;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'idempotency_complete_in_tx: the transaction''s isolation level is %; READ COMMITTED is required',
+            upper(current_setting('transaction_isolation'))
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Run the work and the completion in a READ COMMITTED transaction (PostgreSQL''s default).';
     END IF;
     IF to_regclass('pg_dist_partition') IS NOT NULL THEN
         EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_dist_partition

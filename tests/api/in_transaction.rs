@@ -520,3 +520,44 @@ async fn an_application_role_completes_only_once_granted_and_never_reads_the_rec
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_transaction_that_is_not_read_committed_is_refused_by_name() {
+    let app = spawn_app().await;
+    let mut c = app.client.clone();
+    let mut pg = app.db.connect().await;
+    let held = proceed(&mut c, acquire("orders", "k")).await;
+    let token = token(&held);
+    for level in ["REPEATABLE READ", "SERIALIZABLE"] {
+        let tx = pg.transaction().await.unwrap();
+        tx.batch_execute(&format!("SET TRANSACTION ISOLATION LEVEL {level}"))
+            .await
+            .unwrap();
+        let error = tx
+            .query(
+                COMPLETE_IN_TX,
+                &[&"orders", &"k", &token, &b"\"placed\"".as_slice()],
+            )
+            .await
+            .unwrap_err();
+        tx.rollback().await.unwrap();
+        let db = error.as_db_error().unwrap();
+        assert_eq!(db.code().code(), "0A000", "{level}");
+        assert!(
+            db.message().contains(level) && db.message().contains("READ COMMITTED is required"),
+            "{}",
+            db.message()
+        );
+    }
+    // Refused, not completed: the lease is still the holder's.
+    let tx = pg.transaction().await.unwrap();
+    let row = tx
+        .query_one(
+            COMPLETE_IN_TX,
+            &[&"orders", &"k", &token, &b"\"placed\"".as_slice()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "SUCCEEDED");
+    tx.commit().await.unwrap();
+}
