@@ -10,15 +10,18 @@
 -- its work included, cannot commit:
 --
 -- SQLSTATE | DETAIL            | when
--- IK001    | RECORD_NOT_FOUND  | no row, or past expires_at
+-- IK001    | RECORD_NOT_FOUND  | no row for this tenant, scope and key, or past
+--          |                   | expires_at (the message names the tenant)
 -- IK002    | LEASE_LOST        | p_token is not the latest lease's token: another
 --          |                   | holder took over (fencing by the row lock)
 -- IK003    | ALREADY_COMPLETED | the holder already completed with a failure or
 --          |                   | a release
 -- 22023    | the argument      | an argument is NULL or over its limit (as
 --          |                   | Complete's: content type 255 characters, result
---          |                   | reference 2048, result 1 MiB, the server's
---          |                   | default --max-result-bytes)
+--          |                   | reference 2048, result c_max_result_bytes:
+--          |                   | 1 MiB, the server's default
+--          |                   | --max-result-bytes; this function cannot know
+--          |                   | the flag a server was started with)
 -- 0A000    |                   | the transaction is not READ COMMITTED (under
 --          |                   | REPEATABLE READ or SERIALIZABLE its snapshot
 --          |                   | may predate the caller's own Acquire or
@@ -64,6 +67,7 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 AS $$
 DECLARE
+    c_max_result_bytes constant integer := 1048576;
     v_outcome     text;
     v_distributed boolean := false;
 BEGIN
@@ -91,9 +95,9 @@ BEGIN
             char_length(p_result_ref)
             USING ERRCODE = 'invalid_parameter_value', DETAIL = 'p_result_ref';
     END IF;
-    IF octet_length(p_result) > 1048576 THEN
-        RAISE EXCEPTION 'idempotency_complete_in_tx: p_result is % bytes, more than the limit of 1048576 bytes; store it elsewhere and pass p_result_ref',
-            octet_length(p_result)
+    IF octet_length(p_result) > c_max_result_bytes THEN
+        RAISE EXCEPTION 'idempotency_complete_in_tx: p_result is % bytes, more than the limit of % bytes; store it elsewhere and pass p_result_ref',
+            octet_length(p_result), c_max_result_bytes
             USING ERRCODE = 'invalid_parameter_value', DETAIL = 'p_result';
     END IF;
     IF current_setting('transaction_isolation') <> 'read committed' THEN
@@ -120,7 +124,8 @@ BEGIN
                                 p_result, p_content_type, p_status_code, p_result_ref,
                                 '', false, NULL, 0, 0, 0) c;
     IF v_outcome = 'NOT_FOUND' THEN
-        RAISE EXCEPTION 'idempotency_complete_in_tx: no record for this key (it expired, or was never acquired)'
+        RAISE EXCEPTION 'idempotency_complete_in_tx: no record for this key under tenant "%" (a tenant other than the one the coordinator files the caller''s records under, or the record expired, or was never acquired)',
+            p_tenant
             USING ERRCODE = 'IK001', DETAIL = 'RECORD_NOT_FOUND';
     ELSIF v_outcome = 'LEASE_LOST' THEN
         RAISE EXCEPTION 'idempotency_complete_in_tx: the lease is no longer this caller''s: another holder took over; nothing of this transaction may commit'

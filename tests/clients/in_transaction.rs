@@ -404,3 +404,80 @@ async fn a_holder_killed_before_its_commit_leaves_nothing_and_the_retry_inserts_
     assert_eq!(record.status(), Status::Succeeded);
     assert_eq!(record.attempt_count, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_over_the_limit_fails_the_key_for_good_and_leaves_no_row() {
+    let app = App::start().await;
+    let client = app.client().await;
+    let key = fresh_key();
+    let mut pg = app.connection().await;
+    let mut tx = pg.transaction().await.unwrap();
+    let outcome: Result<_, RunOnceError<String, String>> = client
+        .in_database(InDatabase::default())
+        .run_once_in_transaction(
+            &mut tx,
+            "orders.place",
+            &key,
+            Fingerprint::None,
+            &RunOptions::default(),
+            async |tx, _lease| {
+                place_order(tx, &key, "too big").await?;
+                Ok("x".repeat(1024 * 1024 + 1))
+            },
+        )
+        .await;
+    tx.commit().await.unwrap();
+    assert!(
+        matches!(&outcome, Err(RunOnceError::Call(e)) if e.code == idempotency_client::Code::InvalidArgument),
+        "{outcome:?}"
+    );
+    assert!(app.orders(&key).await.is_empty(), "the row was rolled back");
+    // Failed for good, not given back to run again.
+    let record = record(&app.server, "orders.place", &key).await;
+    assert_eq!(record.status(), Status::FailedPermanent);
+    assert_eq!(record.attempt_count, 1);
+    assert!(
+        record.last_error.contains("p_result"),
+        "{}",
+        record.last_error
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_tenant_is_named_and_the_lease_given_back() {
+    let app = App::start().await;
+    let client = app.client().await;
+    let key = fresh_key();
+    let mut pg = app.connection().await;
+    let mut tx = pg.transaction().await.unwrap();
+    let outcome: Result<_, RunOnceError<String, String>> = client
+        .in_database(InDatabase {
+            tenant: "someone-else".into(),
+            ..InDatabase::default()
+        })
+        .run_once_in_transaction(
+            &mut tx,
+            "orders.place",
+            &key,
+            Fingerprint::None,
+            &RunOptions::default(),
+            async |tx, _lease| place_order(tx, &key, "wrong tenant").await,
+        )
+        .await;
+    tx.commit().await.unwrap();
+    let Err(RunOnceError::Call(error)) = &outcome else {
+        panic!("{outcome:?}");
+    };
+    assert_eq!(error.reason.as_deref(), Some("RECORD_NOT_FOUND"));
+    assert!(
+        error.message.contains("\"someone-else\""),
+        "{}",
+        error.message
+    );
+    assert!(app.orders(&key).await.is_empty(), "the row was rolled back");
+    // Released (FAILED, due now, the attempt not counted), not left
+    // PROCESSING until the lease runs out.
+    let record = record(&app.server, "orders.place", &key).await;
+    assert_eq!(record.status(), Status::Failed, "{record:?}");
+    assert_eq!(record.attempt_count, 0, "{record:?}");
+}

@@ -21,7 +21,9 @@ use crate::client::Client;
 use crate::codec::{Codec, Json};
 use crate::error::{CallError, RunOnceError, WorkError};
 use crate::lease::{Lease, under_heartbeat};
-use crate::proto::{CompleteRequest, Record, Release, Status, Success, complete_request::Outcome};
+use crate::proto::{
+    CompleteRequest, Failure, Record, Release, Status, Success, complete_request::Outcome,
+};
 use crate::retry::with_retries;
 use crate::run::{
     Acquired, Done, Fingerprint, acquire_request, completion, decided, heartbeat_interval,
@@ -223,13 +225,13 @@ impl DatabaseClient<'_> {
         options: &RunOptions,
         error: tokio_postgres::Error,
     ) -> RunOnceError<E, T> {
+        let message = error
+            .as_db_error()
+            .map_or_else(|| error.to_string(), |db| db.message().to_owned());
         let refusal = |code: Code, reason: &str| {
-            let message = error
-                .as_db_error()
-                .map_or_else(|| error.to_string(), |db| db.message().to_owned());
             RunOnceError::Call(CallError {
                 code,
-                message,
+                message: message.clone(),
                 reason: Some(reason.to_owned()),
                 field_violations: Vec::new(),
                 retry_after: None,
@@ -237,8 +239,26 @@ impl DatabaseClient<'_> {
         };
         match error.code().map(SqlState::code) {
             Some("IK002") => RunOnceError::LeaseLost,
-            Some("IK001") => refusal(Code::NotFound, "RECORD_NOT_FOUND"),
+            Some("IK001") => {
+                // A wrong tenant, say: the lease is still held, give it back.
+                let answer = refusal(Code::NotFound, "RECORD_NOT_FOUND");
+                self.send(scope, key, token, options, Outcome::Release(Release {}))
+                    .await;
+                answer
+            }
             Some("IK003") => refusal(Code::FailedPrecondition, "ALREADY_COMPLETED"),
+            // An argument over its limit (the result's size): the same
+            // value is refused every time, so the key fails for good.
+            Some("22023") => {
+                let answer = refusal(Code::InvalidArgument, "RESULT_REFUSED");
+                let failure = Outcome::Failure(Failure {
+                    error: format!("the result was refused: {message}"),
+                    permanent: true,
+                    retry_after: None,
+                });
+                self.send(scope, key, token, options, failure).await;
+                answer
+            }
             _ => self.released(scope, key, token, options, error).await,
         }
     }
@@ -253,18 +273,31 @@ impl DatabaseClient<'_> {
         options: &RunOptions,
         error: tokio_postgres::Error,
     ) -> RunOnceError<E, T> {
-        let release = CompleteRequest {
+        self.send(scope, key, token, options, Outcome::Release(Release {}))
+            .await;
+        RunOnceError::Database(Box::new(error))
+    }
+
+    /// Completes the lease with `outcome`, best effort: if it fails too,
+    /// the lease runs out.
+    async fn send(
+        &self,
+        scope: &str,
+        key: &str,
+        token: &str,
+        options: &RunOptions,
+        outcome: Outcome,
+    ) {
+        let complete = CompleteRequest {
             scope: scope.to_owned(),
             key: key.to_owned(),
             lease_token: token.to_owned(),
-            outcome: Some(Outcome::Release(Release {})),
+            outcome: Some(outcome),
         };
-        // Best effort: if it fails too, the lease runs out.
         let _ = with_retries(options.backoff, options.max_retries, || {
-            self.client.complete(release.clone())
+            self.client.complete(complete.clone())
         })
         .await;
-        RunOnceError::Database(Box::new(error))
     }
 
     /// Reports a failed work (or a value that cannot be encoded) with a
@@ -282,18 +315,9 @@ impl DatabaseClient<'_> {
         E: Display,
     {
         let (outcome, answer) = completion(&Json, outcome);
-        let complete = CompleteRequest {
-            scope: scope.to_owned(),
-            key: key.to_owned(),
-            lease_token: token.to_owned(),
-            outcome: Some(outcome),
-        };
         // The work's own error is what the caller needs to hear, whether or
         // not the coordinator took the failure.
-        let _ = with_retries(options.backoff, options.max_retries, || {
-            self.client.complete(complete.clone())
-        })
-        .await;
+        self.send(scope, key, token, options, outcome).await;
         match answer {
             Err(error) => error,
             Ok(_) => RunOnceError::Call(CallError::protocol("a failure reported as a value")),
