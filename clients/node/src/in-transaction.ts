@@ -94,6 +94,8 @@ function refusal(error: unknown): CoordinatorError | undefined {
       return as(Code.NotFound, "RECORD_NOT_FOUND");
     case "IK003":
       return as(Code.FailedPrecondition, "ALREADY_COMPLETED");
+    case "22023":
+      return as(Code.InvalidArgument, "RESULT_REFUSED");
     default:
       return undefined;
   }
