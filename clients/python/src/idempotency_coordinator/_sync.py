@@ -396,9 +396,10 @@ class Client:
         if opts.heartbeat:
             self._heartbeats.schedule(ctx, opts.interval)
         token = c.set_current(ctx)
-        completing = False
+        begun = completing = False
         try:
             with connection.transaction():
+                begun = True
                 value = work(ctx)
                 if inspect.isawaitable(value):
                     if inspect.iscoroutine(value):
@@ -411,12 +412,32 @@ class Client:
                 _in_tx.complete(connection, tenant, schema, complete)
         except Exception as exc:
             ctx._stopped.set()
+            if not begun:
+                # The caller's transaction refused the block (an aborted
+                # transaction, say): the work never started, give the key back.
+                self._release(scope, key, ctx.token, opts)
+                raise
             if not completing:
                 if ctx.lost.is_set():
                     raise (ctx.lost_reason or c.lease_lost(scope, key)) from exc
                 self._fail(scope, key, ctx.token, exc, opts)
                 raise
             refused = _in_tx.refusal(exc, scope, key)
+            if isinstance(refused, CoordinatorError) and refused.reason == "RESULT_REFUSED":
+                # The same value is refused every time: the key fails for good.
+                failure = pb.CompleteRequest(
+                    scope=scope,
+                    key=key,
+                    lease_token=ctx.token,
+                    failure=pb.Failure(error=f"the result was refused: {refused.message}", permanent=True),
+                )
+                try:
+                    self._call(self.stub.Complete, failure, opts, opts.timeout)
+                except CoordinatorError as err:
+                    log.warning("could not record the failure of %s/%s: %s", scope, key, err)
+            elif isinstance(refused, CoordinatorError) and refused.reason == "RECORD_NOT_FOUND":
+                # A wrong tenant, say: the lease is still held, give it back.
+                self._release(scope, key, ctx.token, opts)
             if refused is not None:
                 raise refused from exc
             # The work's writes rolled back: nothing happened, give the key back.
