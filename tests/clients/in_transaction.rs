@@ -258,7 +258,9 @@ async fn a_holder_whose_lease_was_taken_over_cannot_commit_its_row() {
         matches!(outcome, Err(RunOnceError::LeaseLost)),
         "A hears LEASE_LOST: {outcome:?}"
     );
-    committed.expect("A's commit of nothing");
+    // The work's writes were rolled back with its savepoint: even a caller
+    // that commits anyway does not commit the side effect.
+    committed.expect("A's commit, without the work's writes");
     assert!(
         app.orders(&key).await.is_empty(),
         "A's row is not in the table"

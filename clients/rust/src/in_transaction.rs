@@ -88,16 +88,19 @@ impl DatabaseClient<'_> {
     /// through the savepoint. On success the completion is the last
     /// statement the library runs, and **the caller commits `tx`**: until
     /// then the record's row is locked by `tx`, so no other caller can take
-    /// over (a takeover waits for the commit, then replays). If the commit
-    /// fails, nothing happened: the lease runs out and the key's next
-    /// caller runs the work. Commit promptly: an Acquire on this key, and
-    /// the calls the coordinator batched with it, wait on that lock until
-    /// then (so do not call the coordinator again before committing `tx`).
+    /// over. If the commit fails, nothing happened: the lease runs out and
+    /// the key's next caller runs the work. Commit promptly: a call that
+    /// needs this record's lock meanwhile (an Acquire that would wait for it
+    /// or take it over, a Complete) waits at most the server's 300 ms lock
+    /// limit and answers UNAVAILABLE with a retry delay; retried after the
+    /// commit, it replays this result.
     ///
     /// On every `Err` the savepoint was rolled back, so the work's writes
-    /// are gone and `tx` may still commit the caller's other writes. A
-    /// holder whose lease was taken over gets [`RunOnceError::LeaseLost`]
-    /// (the database refused its completion: fencing by the row lock). A
+    /// are gone and `tx` may still commit the caller's writes that do not
+    /// depend on the work. A holder whose lease was taken over gets
+    /// [`RunOnceError::LeaseLost`] (the database refused its completion:
+    /// fencing by the row lock): another holder did the work, so it must
+    /// not commit writes that depend on it (roll `tx` back). A
     /// failed work is reported with a Complete and returned in
     /// [`RunOnceError::Work`]; a failed statement on `tx` in
     /// [`RunOnceError::Database`] (the lease is released).
