@@ -70,20 +70,21 @@ DECLARE
     c_max_result_bytes constant integer := 1048576;
     v_outcome     text;
     v_distributed boolean := false;
+    v_null        text;
 BEGIN
     IF p_tenant IS NULL OR p_scope IS NULL OR p_key IS NULL OR p_token IS NULL
        OR p_result IS NULL OR p_content_type IS NULL OR p_status_code IS NULL
        OR p_result_ref IS NULL THEN
-        RAISE EXCEPTION 'idempotency_complete_in_tx: % must not be NULL',
-            CASE WHEN p_tenant IS NULL THEN 'p_tenant'
-                 WHEN p_scope IS NULL THEN 'p_scope'
-                 WHEN p_key IS NULL THEN 'p_key'
-                 WHEN p_token IS NULL THEN 'p_token'
-                 WHEN p_result IS NULL THEN 'p_result'
-                 WHEN p_content_type IS NULL THEN 'p_content_type'
-                 WHEN p_status_code IS NULL THEN 'p_status_code'
-                 ELSE 'p_result_ref' END
-            USING ERRCODE = 'invalid_parameter_value';
+        v_null := CASE WHEN p_tenant IS NULL THEN 'p_tenant'
+                       WHEN p_scope IS NULL THEN 'p_scope'
+                       WHEN p_key IS NULL THEN 'p_key'
+                       WHEN p_token IS NULL THEN 'p_token'
+                       WHEN p_result IS NULL THEN 'p_result'
+                       WHEN p_content_type IS NULL THEN 'p_content_type'
+                       WHEN p_status_code IS NULL THEN 'p_status_code'
+                       ELSE 'p_result_ref' END;
+        RAISE EXCEPTION 'idempotency_complete_in_tx: % must not be NULL', v_null
+            USING ERRCODE = 'invalid_parameter_value', DETAIL = v_null;
     END IF;
     IF char_length(p_content_type) > 255 THEN
         RAISE EXCEPTION 'idempotency_complete_in_tx: p_content_type must be at most 255 characters, got %',

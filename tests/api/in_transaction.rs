@@ -127,6 +127,7 @@ async fn bad_arguments_are_refused_with_the_argument_named() {
     tx.rollback().await.unwrap();
     let db = error.as_db_error().unwrap();
     assert_eq!(db.code().code(), "22023");
+    assert_eq!(db.detail(), Some("p_token"), "the argument in DETAIL");
     assert!(
         db.message().contains("p_token must not be NULL"),
         "{}",
