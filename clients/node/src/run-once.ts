@@ -148,7 +148,20 @@ export async function runOnce<T>(
   client: CoordinatorClient,
   options: RunOnceOptions<T>,
   work: Work<T>,
-  inTransaction?: InTransaction,
+): Promise<RunOnceOutcome<T>> {
+  return runOnceWith(client, options, work, undefined);
+}
+
+/**
+ * runOnce with the in-transaction hook (runOnceInTransaction's); not part
+ * of the package's exports.
+ * @internal
+ */
+export async function runOnceWith<T>(
+  client: CoordinatorClient,
+  options: RunOnceOptions<T>,
+  work: Work<T>,
+  inTransaction: InTransaction | undefined,
 ): Promise<RunOnceOutcome<T>> {
   const leaseTtlMs = options.leaseTtlMs ?? DEFAULT_LEASE_TTL_MS;
   const waitMs = options.waitMs ?? DEFAULT_WAIT_MS;

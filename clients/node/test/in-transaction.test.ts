@@ -5,7 +5,8 @@ import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import { after, before, describe, test } from "node:test";
 import pg from "pg";
-import { Decision, Status, createClient, runOnceInTransaction, type CoordinatorClient } from "../src/index.js";
+import * as api from "../src/index.js";
+import { Decision, Status, createClient, runOnce, runOnceInTransaction, type CoordinatorClient } from "../src/index.js";
 import { createDatabase, freshKey, startServer, waitFor, type TestDatabase, type TestServer } from "./harness.js";
 
 const SCOPE = "tests.node.tx";
@@ -183,5 +184,9 @@ describe("runOnceInTransaction", () => {
     const record = await client.get(SCOPE, key);
     assert.equal(record?.status, Status.FAILED);
     assert.equal(record?.attemptCount, 0);
+  });
+  test("the in-transaction hook is not part of runOnce's public signature", () => {
+    assert.equal(runOnce.length, 3);
+    assert.equal("runOnceWith" in api, false);
   });
 });
