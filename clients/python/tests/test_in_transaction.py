@@ -170,3 +170,15 @@ def test_a_wrong_tenant_is_named_and_the_lease_given_back(
     record = client.get(scope, key)
     assert record.status == pb.STATUS_FAILED
     assert record.attempt_count == 0
+
+
+def test_tenant_or_schema_without_a_connection_is_refused(client: Client, scope: str, key: str) -> None:
+    ran = []
+    with pytest.raises(TypeError, match="only with connection="):
+        client.run_once(scope, key, lambda ctx: ran.append(1), tenant="someone-else")
+    with pytest.raises(TypeError, match="only with connection="):
+        client.run_once(scope, key, lambda ctx: ran.append(1), schema="idempotency")
+    assert ran == []
+    with pytest.raises(CoordinatorError) as missing:
+        client.get(scope, key)
+    assert missing.value.code == grpc.StatusCode.NOT_FOUND

@@ -300,7 +300,7 @@ class Client:
         payload: Optional[bytes] = None,
         json_payload: Any = None,
         connection: Any = None,
-        tenant: str = "default",
+        tenant: Optional[str] = None,
         schema: Optional[str] = None,
         **options: Any,
     ) -> "c.RunResult[T]":
@@ -321,11 +321,15 @@ class Client:
         otherwise it is a transaction committed when the block ends. A
         holder whose lease was taken over gets :class:`LeaseLost` and its
         writes roll back. ``tenant`` is the tenant the coordinator files the
-        caller's records under (``default`` without authentication);
-        ``schema`` the schema it was installed into, when the session's
-        search_path does not list it (docs/in-transaction.md)."""
+        caller's records under (``default`` when not given, as without
+        authentication); ``schema`` the schema it was installed into, when
+        the session's search_path does not list it (docs/in-transaction.md).
+        Both apply only with ``connection``: given without it, they raise
+        :class:`TypeError`."""
         if inspect.iscoroutinefunction(work):
             raise TypeError("run async work with AsyncClient")
+        if connection is None and (tenant is not None or schema is not None):
+            raise TypeError("tenant= and schema= apply only with connection=")
         opts = self.options.merged(**options)
         req = c.acquire_request(
             scope,
@@ -342,7 +346,9 @@ class Client:
         if resp.decision != pb.DECISION_PROCEED:
             c.raise_outcome(resp, scope, key)
         if connection is not None:
-            return self._run_in_transaction(scope, key, work, resp, opts, connection, tenant, schema)
+            return self._run_in_transaction(
+                scope, key, work, resp, opts, connection, "default" if tenant is None else tenant, schema
+            )
         return self._run(scope, key, work, resp, opts)
 
     def _run(
