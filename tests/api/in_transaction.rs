@@ -264,9 +264,13 @@ async fn a_commit_wakes_a_waiter_on_another_replica_and_a_rollback_wakes_nobody(
         .unwrap();
     assert_eq!(decision(&answer), Decision::AlreadyDone);
     assert_eq!(answer.record.unwrap().result.unwrap().result, b"\"kept\"");
+    // Woken by the commit's notification: with the listener up nothing else
+    // wakes a waiter before its 30 s wait runs out. The bound is generous so
+    // that a loaded machine does not fail it; the figure is printed.
     let after = woke.saturating_duration_since(committed);
+    eprintln!("the waiter woke {after:?} after the commit returned");
     assert!(
-        after < Duration::from_millis(100),
+        after < Duration::from_secs(2),
         "woke {after:?} after the commit"
     );
     assert_eq!(next_heard(&mut payloads).await, "default\norders\nk");
