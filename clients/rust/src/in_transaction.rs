@@ -161,7 +161,17 @@ impl DatabaseClient<'_> {
             .complete_in(&savepoint, scope, key, &token, &bytes)
             .await;
         let completed = match completed {
-            Ok(row) => savepoint.commit().await.map(|()| row),
+            Ok(row) => match savepoint.commit().await {
+                Ok(()) => Ok(row),
+                // The savepoint outlives a RELEASE that failed: roll it back,
+                // so that the work's writes cannot commit with `tx`.
+                Err(error) => {
+                    let _ = tx
+                        .batch_execute(&format!("ROLLBACK TO SAVEPOINT {SAVEPOINT}"))
+                        .await;
+                    Err(error)
+                }
+            },
             Err(error) => {
                 let _ = savepoint.rollback().await;
                 Err(error)
