@@ -270,28 +270,42 @@ async fn a_holder_whose_lease_was_taken_over_cannot_commit_its_row() {
     assert_eq!(record.result.unwrap().result, b"\"from B\"");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_work_leaves_no_row_and_its_failure_recorded() {
-    let app = App::start().await;
+/// One `run_once_in_transaction` of `key` under `place`, committed: its work
+/// inserts `by`'s order and then answers `then`.
+async fn run_placing(
+    app: &App,
+    place: InDatabase,
+    key: &str,
+    by: &str,
+    then: Result<String, WorkError<String>>,
+) -> Result<idempotency_client::Done<String>, RunOnceError<String, String>> {
     let client = app.client().await;
-    let key = fresh_key();
     let mut pg = app.connection().await;
     let mut tx = pg.transaction().await.unwrap();
-    let outcome: Result<_, RunOnceError<String, String>> = client
-        .in_database(InDatabase::default())
+    let outcome = client
+        .in_database(place)
         .run_once_in_transaction(
             &mut tx,
             "orders.place",
-            &key,
+            key,
             Fingerprint::None,
             &RunOptions::default(),
             async |tx, _lease| {
-                place_order(tx, &key, "failing").await?;
-                Err(WorkError::Retryable("the card was declined".to_owned()))
+                place_order(tx, key, by).await?;
+                then
             },
         )
         .await;
     tx.commit().await.unwrap();
+    outcome
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_work_leaves_no_row_and_its_failure_recorded() {
+    let app = App::start().await;
+    let key = fresh_key();
+    let declined = Err(WorkError::Retryable("the card was declined".to_owned()));
+    let outcome = run_placing(&app, InDatabase::default(), &key, "failing", declined).await;
     assert!(
         matches!(&outcome, Err(RunOnceError::Work(e)) if e == "the card was declined"),
         "{outcome:?}"
@@ -479,25 +493,9 @@ async fn a_holder_killed_before_its_commit_leaves_nothing_and_the_retry_inserts_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_over_the_limit_fails_the_key_for_good_and_leaves_no_row() {
     let app = App::start().await;
-    let client = app.client().await;
     let key = fresh_key();
-    let mut pg = app.connection().await;
-    let mut tx = pg.transaction().await.unwrap();
-    let outcome: Result<_, RunOnceError<String, String>> = client
-        .in_database(InDatabase::default())
-        .run_once_in_transaction(
-            &mut tx,
-            "orders.place",
-            &key,
-            Fingerprint::None,
-            &RunOptions::default(),
-            async |tx, _lease| {
-                place_order(tx, &key, "too big").await?;
-                Ok("x".repeat(1024 * 1024 + 1))
-            },
-        )
-        .await;
-    tx.commit().await.unwrap();
+    let big = Ok("x".repeat(1024 * 1024 + 1));
+    let outcome = run_placing(&app, InDatabase::default(), &key, "too big", big).await;
     assert!(
         matches!(&outcome, Err(RunOnceError::Call(e)) if e.code == idempotency_client::Code::InvalidArgument),
         "{outcome:?}"
@@ -517,25 +515,13 @@ async fn a_result_over_the_limit_fails_the_key_for_good_and_leaves_no_row() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_tenant_is_named_and_the_lease_given_back() {
     let app = App::start().await;
-    let client = app.client().await;
     let key = fresh_key();
-    let mut pg = app.connection().await;
-    let mut tx = pg.transaction().await.unwrap();
-    let outcome: Result<_, RunOnceError<String, String>> = client
-        .in_database(InDatabase {
-            tenant: "someone-else".into(),
-            ..InDatabase::default()
-        })
-        .run_once_in_transaction(
-            &mut tx,
-            "orders.place",
-            &key,
-            Fingerprint::None,
-            &RunOptions::default(),
-            async |tx, _lease| place_order(tx, &key, "wrong tenant").await,
-        )
-        .await;
-    tx.commit().await.unwrap();
+    let elsewhere = InDatabase {
+        tenant: "someone-else".into(),
+        ..InDatabase::default()
+    };
+    let placed = Ok("order placed".to_owned());
+    let outcome = run_placing(&app, elsewhere, &key, "wrong tenant", placed).await;
     let Err(RunOnceError::Call(error)) = &outcome else {
         panic!("{outcome:?}");
     };
