@@ -10,15 +10,23 @@
 -- its work included, cannot commit:
 --
 -- SQLSTATE | DETAIL            | when
--- IK001    | RECORD_NOT_FOUND  | no row, or past expires_at
+-- IK001    | RECORD_NOT_FOUND  | no row for this tenant, scope and key, or past
+--          |                   | expires_at (the message names the tenant)
 -- IK002    | LEASE_LOST        | p_token is not the latest lease's token: another
 --          |                   | holder took over (fencing by the row lock)
 -- IK003    | ALREADY_COMPLETED | the holder already completed with a failure or
 --          |                   | a release
 -- 22023    | the argument      | an argument is NULL or over its limit (as
 --          |                   | Complete's: content type 255 characters, result
---          |                   | reference 2048, result 1 MiB, the server's
---          |                   | default --max-result-bytes)
+--          |                   | reference 2048, result c_max_result_bytes:
+--          |                   | 1 MiB, the server's default
+--          |                   | --max-result-bytes; this function cannot know
+--          |                   | the flag a server was started with)
+-- 0A000    |                   | the transaction is not READ COMMITTED (under
+--          |                   | REPEATABLE READ or SERIALIZABLE its snapshot
+--          |                   | may predate the caller's own Acquire or
+--          |                   | heartbeat, refused as a lost record or a
+--          |                   | serialization failure that a retry repeats)
 -- 0A000    |                   | the records table is distributed by Citus
 --
 -- OK returns the record's status, fencing token, completion and expiry. A
@@ -28,11 +36,22 @@
 -- replica wake when the result is really there.
 --
 -- The clock offset is 0: tests move the server's clock, not this one.
--- search_path is the one the schema was installed with (`migrate` run with
+--
+-- Privileges: the function is SECURITY DEFINER and nobody but its owner
+-- (the role that ran `migrate`) may execute it until granted
+-- (`GRANT EXECUTE ON FUNCTION <schema>.idempotency_complete_in_tx(text, text,
+-- text, uuid, bytea, text, integer, text) TO app_role`); the application's
+-- role needs no privilege on the records table, so it cannot read or
+-- rewrite any tenant's records. The lease token is the capability: only
+-- the caller holding the token of a key's latest lease can complete it.
+--
+-- search_path is pinned, after the definition below, to the schema the
+-- function was created in followed by pg_temp (`migrate` run with
 -- `options=-c search_path=...` in its URL installs the schema elsewhere than
--- `public`), so that an application whose session does not list that schema
--- calls it qualified and it still finds the records table and
--- idempotency_complete.
+-- `public`): an application whose session does not list that schema calls
+-- it qualified and it still finds the records table and
+-- idempotency_complete, and no temporary table or function of the caller's
+-- session can stand in for ours (pg_temp is searched last, not first).
 CREATE OR REPLACE FUNCTION idempotency_complete_in_tx(
     p_tenant       text,
     p_scope        text,
@@ -45,25 +64,27 @@ CREATE OR REPLACE FUNCTION idempotency_complete_in_tx(
 )
 RETURNS TABLE (status text, fencing_token bigint, completed_at timestamptz, expires_at timestamptz)
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
+SECURITY DEFINER
 AS $$
 DECLARE
+    c_max_result_bytes constant integer := 1048576;
     v_outcome     text;
     v_distributed boolean := false;
+    v_null        text;
 BEGIN
     IF p_tenant IS NULL OR p_scope IS NULL OR p_key IS NULL OR p_token IS NULL
        OR p_result IS NULL OR p_content_type IS NULL OR p_status_code IS NULL
        OR p_result_ref IS NULL THEN
-        RAISE EXCEPTION 'idempotency_complete_in_tx: % must not be NULL',
-            CASE WHEN p_tenant IS NULL THEN 'p_tenant'
-                 WHEN p_scope IS NULL THEN 'p_scope'
-                 WHEN p_key IS NULL THEN 'p_key'
-                 WHEN p_token IS NULL THEN 'p_token'
-                 WHEN p_result IS NULL THEN 'p_result'
-                 WHEN p_content_type IS NULL THEN 'p_content_type'
-                 WHEN p_status_code IS NULL THEN 'p_status_code'
-                 ELSE 'p_result_ref' END
-            USING ERRCODE = 'invalid_parameter_value';
+        v_null := CASE WHEN p_tenant IS NULL THEN 'p_tenant'
+                       WHEN p_scope IS NULL THEN 'p_scope'
+                       WHEN p_key IS NULL THEN 'p_key'
+                       WHEN p_token IS NULL THEN 'p_token'
+                       WHEN p_result IS NULL THEN 'p_result'
+                       WHEN p_content_type IS NULL THEN 'p_content_type'
+                       WHEN p_status_code IS NULL THEN 'p_status_code'
+                       ELSE 'p_result_ref' END;
+        RAISE EXCEPTION 'idempotency_complete_in_tx: % must not be NULL', v_null
+            USING ERRCODE = 'invalid_parameter_value', DETAIL = v_null;
     END IF;
     IF char_length(p_content_type) > 255 THEN
         RAISE EXCEPTION 'idempotency_complete_in_tx: p_content_type must be at most 255 characters, got %',
@@ -75,10 +96,16 @@ BEGIN
             char_length(p_result_ref)
             USING ERRCODE = 'invalid_parameter_value', DETAIL = 'p_result_ref';
     END IF;
-    IF octet_length(p_result) > 1048576 THEN
-        RAISE EXCEPTION 'idempotency_complete_in_tx: p_result is % bytes, more than the limit of 1048576 bytes; store it elsewhere and pass p_result_ref',
-            octet_length(p_result)
+    IF octet_length(p_result) > c_max_result_bytes THEN
+        RAISE EXCEPTION 'idempotency_complete_in_tx: p_result is % bytes, more than the limit of % bytes; store it elsewhere and pass p_result_ref',
+            octet_length(p_result), c_max_result_bytes
             USING ERRCODE = 'invalid_parameter_value', DETAIL = 'p_result';
+    END IF;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'idempotency_complete_in_tx: the transaction''s isolation level is %; READ COMMITTED is required',
+            upper(current_setting('transaction_isolation'))
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Run the work and the completion in a READ COMMITTED transaction (PostgreSQL''s default).';
     END IF;
     IF to_regclass('pg_dist_partition') IS NOT NULL THEN
         EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_dist_partition
@@ -98,7 +125,8 @@ BEGIN
                                 p_result, p_content_type, p_status_code, p_result_ref,
                                 '', false, NULL, 0, 0, 0) c;
     IF v_outcome = 'NOT_FOUND' THEN
-        RAISE EXCEPTION 'idempotency_complete_in_tx: no record for this key (it expired, or was never acquired)'
+        RAISE EXCEPTION 'idempotency_complete_in_tx: no record for this key under tenant "%" (a tenant other than the one the coordinator files the caller''s records under, or the record expired, or was never acquired)',
+            p_tenant
             USING ERRCODE = 'IK001', DETAIL = 'RECORD_NOT_FOUND';
     ELSIF v_outcome = 'LEASE_LOST' THEN
         RAISE EXCEPTION 'idempotency_complete_in_tx: the lease is no longer this caller''s: another holder took over; nothing of this transaction may commit'
@@ -110,3 +138,16 @@ BEGIN
     RETURN NEXT;
 END;
 $$;
+
+DO $pin$
+BEGIN
+    EXECUTE format(
+        'ALTER FUNCTION %1$I.idempotency_complete_in_tx(text, text, text, uuid, bytea, text, integer, text)
+             SET search_path = %1$I, pg_temp',
+        current_schema());
+    EXECUTE format(
+        'REVOKE EXECUTE ON FUNCTION %I.idempotency_complete_in_tx(text, text, text, uuid, bytea, text, integer, text)
+             FROM PUBLIC',
+        current_schema());
+END;
+$pin$;

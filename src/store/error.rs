@@ -40,8 +40,10 @@ impl From<tokio_postgres::Error> for StoreError {
 }
 
 impl StoreError {
-    /// A deadlock or serialization failure: the statement rolled back whole,
-    /// and running its work again can succeed.
+    /// A deadlock, a serialization failure or a row lock not had within
+    /// `lock_timeout` (a record locked by an application's open transaction,
+    /// `mux::LOCK_LIMIT`): the statement rolled back whole, and running its
+    /// work again can succeed.
     pub(super) fn is_conflict(&self) -> bool {
         let StoreError::Unavailable(source) = self else {
             return false;
@@ -54,7 +56,9 @@ impl StoreError {
                 // have committed.
                 matches!(
                     *db.code(),
-                    SqlState::T_R_SERIALIZATION_FAILURE | SqlState::T_R_DEADLOCK_DETECTED
+                    SqlState::T_R_SERIALIZATION_FAILURE
+                        | SqlState::T_R_DEADLOCK_DETECTED
+                        | SqlState::LOCK_NOT_AVAILABLE
                 )
             })
     }
@@ -78,8 +82,11 @@ fn is_transient(error: &tokio_postgres::Error) -> bool {
         let class = &db.code().code()[..2];
         // 08 connection exception, 53 insufficient resources, 57 operator
         // intervention (shutdown, terminated backend), 40 serialization
-        // failure or deadlock.
-        return matches!(class, "08" | "53" | "57" | "40");
+        // failure or deadlock; and 55P03, a row lock not had within
+        // lock_timeout: the lock's holder (an application's transaction)
+        // ends on its own.
+        return matches!(class, "08" | "53" | "57" | "40")
+            || *db.code() == SqlState::LOCK_NOT_AVAILABLE;
     }
     std::error::Error::source(error).is_some_and(|s| s.is::<std::io::Error>())
 }

@@ -134,6 +134,17 @@ pub(super) struct Mux {
     next: AtomicUsize,
 }
 
+/// How long a statement on a shared connection waits for a row lock
+/// (`lock_timeout`). The coordinator's own statements hold a record's lock
+/// for the milliseconds of one function call; only an application's open
+/// transaction (a completion in it, `sql/functions/complete_in_tx.sql`,
+/// until its COMMIT) or an operator's session holds one longer. A statement
+/// that meets such a lock gives up after this long instead of stalling its
+/// connection, and every call pipelined behind it, for the whole statement
+/// timeout; its batch runs again one call at a time (`batch`), and the one
+/// call on the locked record answers UNAVAILABLE with a retry delay.
+pub(super) const LOCK_LIMIT: Duration = Duration::from_millis(300);
+
 /// The part of the query timeout a statement may use in PostgreSQL
 /// (`statement_timeout`, and the deadline each call's statement carries):
 /// the rest is left for the commit and for error in the measured skew
@@ -158,9 +169,10 @@ pub(super) fn statement_limit_until(
 impl Mux {
     pub fn new(pg: super::Postgres, connections: usize, query_timeout: Duration) -> Self {
         let options = format!(
-            "{} -c statement_timeout={}",
+            "{} -c statement_timeout={} -c lock_timeout={}",
             pg.get_options().unwrap_or_default(),
-            statement_limit(query_timeout).as_millis()
+            statement_limit(query_timeout).as_millis(),
+            LOCK_LIMIT.as_millis()
         );
         let mut config = pg.config().clone();
         config.options(options.trim_start());

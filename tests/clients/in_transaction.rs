@@ -258,7 +258,9 @@ async fn a_holder_whose_lease_was_taken_over_cannot_commit_its_row() {
         matches!(outcome, Err(RunOnceError::LeaseLost)),
         "A hears LEASE_LOST: {outcome:?}"
     );
-    committed.expect("A's commit of nothing");
+    // The work's writes were rolled back with its savepoint: even a caller
+    // that commits anyway does not commit the side effect.
+    committed.expect("A's commit, without the work's writes");
     assert!(
         app.orders(&key).await.is_empty(),
         "A's row is not in the table"
@@ -268,28 +270,42 @@ async fn a_holder_whose_lease_was_taken_over_cannot_commit_its_row() {
     assert_eq!(record.result.unwrap().result, b"\"from B\"");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_work_leaves_no_row_and_its_failure_recorded() {
-    let app = App::start().await;
+/// One `run_once_in_transaction` of `key` under `place`, committed: its work
+/// inserts `by`'s order and then answers `then`.
+async fn run_placing(
+    app: &App,
+    place: InDatabase,
+    key: &str,
+    by: &str,
+    then: Result<String, WorkError<String>>,
+) -> Result<idempotency_client::Done<String>, RunOnceError<String, String>> {
     let client = app.client().await;
-    let key = fresh_key();
     let mut pg = app.connection().await;
     let mut tx = pg.transaction().await.unwrap();
-    let outcome: Result<_, RunOnceError<String, String>> = client
-        .in_database(InDatabase::default())
+    let outcome = client
+        .in_database(place)
         .run_once_in_transaction(
             &mut tx,
             "orders.place",
-            &key,
+            key,
             Fingerprint::None,
             &RunOptions::default(),
             async |tx, _lease| {
-                place_order(tx, &key, "failing").await?;
-                Err(WorkError::Retryable("the card was declined".to_owned()))
+                place_order(tx, key, by).await?;
+                then
             },
         )
         .await;
     tx.commit().await.unwrap();
+    outcome
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_work_leaves_no_row_and_its_failure_recorded() {
+    let app = App::start().await;
+    let key = fresh_key();
+    let declined = Err(WorkError::Retryable("the card was declined".to_owned()));
+    let outcome = run_placing(&app, InDatabase::default(), &key, "failing", declined).await;
     assert!(
         matches!(&outcome, Err(RunOnceError::Work(e)) if e == "the card was declined"),
         "{outcome:?}"
@@ -301,6 +317,118 @@ async fn a_failed_work_leaves_no_row_and_its_failure_recorded() {
     let record = record(&app.server, "orders.place", &key).await;
     assert_eq!(record.status(), Status::Failed);
     assert_eq!(record.last_error, "the card was declined");
+}
+
+/// B's `run_once_in_transaction` of `key`, committed, asked again while
+/// another holder has the key, until it is done.
+async fn retry_as_b(
+    app: &App,
+    client: &idempotency_client::Client,
+    key: &str,
+    options: &RunOptions,
+) -> idempotency_client::Done<String> {
+    eventually(
+        "B's retry to run the work",
+        Duration::from_secs(15),
+        || async move {
+            let mut pg = app.connection().await;
+            let mut tx = pg.transaction().await.unwrap();
+            let outcome = client
+                .in_database(InDatabase::default())
+                .run_once_in_transaction(
+                    &mut tx,
+                    "orders.place",
+                    key,
+                    Fingerprint::None,
+                    options,
+                    async |tx, _lease| place_order(tx, key, "B").await,
+                )
+                .await;
+            tx.commit().await.unwrap();
+            match outcome {
+                Ok(done) => Some(done),
+                Err(RunOnceError::InProgress { .. }) => None,
+                Err(RunOnceError::Call(e)) if e.code == idempotency_client::Code::Unavailable => {
+                    None
+                }
+                Err(other) => panic!("B: {other}"),
+            }
+        },
+    )
+    .await
+}
+
+/// Ends `backend` as a killed process would (its connection closes) and
+/// waits until PostgreSQL has ended it.
+async fn kill(app: &App, backend: i32) {
+    let admin = app.connection().await;
+    admin
+        .execute("SELECT pg_terminate_backend($1)", &[&backend])
+        .await
+        .unwrap();
+    eventually("the backend to end", Duration::from_secs(10), || {
+        let admin = &admin;
+        async move {
+            let left: i64 = admin
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+                    &[&backend],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            (left == 0).then_some(())
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_killed_after_its_completion_before_its_commit_leaves_nothing_and_the_retry_inserts_one_row()
+ {
+    let app = App::start().await;
+    let client = app.client().await;
+    let key = fresh_key();
+    let options = RunOptions {
+        lease_ttl: Duration::from_secs(1),
+        heartbeat: Heartbeat::Off,
+        wait: Duration::from_secs(1),
+        ..RunOptions::default()
+    };
+    let mut pg_a = app.connection().await;
+    let backend: i32 = pg_a
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let mut tx = pg_a.transaction().await.unwrap();
+    let completed: Result<_, RunOnceError<String, String>> = client
+        .in_database(InDatabase::default())
+        .run_once_in_transaction(
+            &mut tx,
+            "orders.place",
+            &key,
+            Fingerprint::None,
+            &options,
+            async |tx, _lease| place_order(tx, &key, "A").await,
+        )
+        .await;
+    assert!(
+        completed.is_ok(),
+        "A completed in its transaction: {completed:?}"
+    );
+    // The process dies after the completion, before its COMMIT (and sends
+    // no ROLLBACK either).
+    std::mem::forget(tx);
+    kill(&app, backend).await;
+    assert!(app.orders(&key).await.is_empty(), "A's row died with it");
+
+    let done = retry_as_b(&app, &client, &key, &options).await;
+    assert!(!done.replayed, "B ran the work");
+    assert_eq!(app.orders(&key).await, ["B"], "exactly one row, B's");
+    let record = record(&app.server, "orders.place", &key).await;
+    assert_eq!(record.status(), Status::Succeeded);
+    assert_eq!(record.attempt_count, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -350,57 +478,63 @@ async fn a_holder_killed_before_its_commit_leaves_nothing_and_the_retry_inserts_
         .await
         .unwrap();
     a.abort();
-    let admin = app.connection().await;
-    admin
-        .execute("SELECT pg_terminate_backend($1)", &[&backend])
-        .await
-        .unwrap();
-    eventually("A's backend to end", Duration::from_secs(10), || {
-        let admin = &admin;
-        async move {
-            let left: i64 = admin
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
-                    &[&backend],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            (left == 0).then_some(())
-        }
-    })
-    .await;
+    kill(&app, backend).await;
     assert!(app.orders(&key).await.is_empty(), "A's row died with it");
 
     // B retries once A's lease has run out.
-    let done = eventually("B's retry to run the work", Duration::from_secs(15), || {
-        let (app, client, key, options) = (&app, &client, &key, &options);
-        async move {
-            let mut pg = app.connection().await;
-            let mut tx = pg.transaction().await.unwrap();
-            let outcome = client
-                .in_database(InDatabase::default())
-                .run_once_in_transaction(
-                    &mut tx,
-                    "orders.place",
-                    key,
-                    Fingerprint::None,
-                    options,
-                    async |tx, _lease| place_order(tx, key, "B").await,
-                )
-                .await;
-            tx.commit().await.unwrap();
-            match outcome {
-                Ok(done) => Some(done),
-                Err(RunOnceError::InProgress { .. }) => None,
-                Err(other) => panic!("B: {other}"),
-            }
-        }
-    })
-    .await;
+    let done = retry_as_b(&app, &client, &key, &options).await;
     assert!(!done.replayed, "B ran the work");
     assert_eq!(app.orders(&key).await, ["B"], "exactly one row, B's");
     let record = record(&app.server, "orders.place", &key).await;
     assert_eq!(record.status(), Status::Succeeded);
     assert_eq!(record.attempt_count, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_over_the_limit_fails_the_key_for_good_and_leaves_no_row() {
+    let app = App::start().await;
+    let key = fresh_key();
+    let big = Ok("x".repeat(1024 * 1024 + 1));
+    let outcome = run_placing(&app, InDatabase::default(), &key, "too big", big).await;
+    assert!(
+        matches!(&outcome, Err(RunOnceError::Call(e)) if e.code == idempotency_client::Code::InvalidArgument),
+        "{outcome:?}"
+    );
+    assert!(app.orders(&key).await.is_empty(), "the row was rolled back");
+    // Failed for good, not given back to run again.
+    let record = record(&app.server, "orders.place", &key).await;
+    assert_eq!(record.status(), Status::FailedPermanent);
+    assert_eq!(record.attempt_count, 1);
+    assert!(
+        record.last_error.contains("p_result"),
+        "{}",
+        record.last_error
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_tenant_is_named_and_the_lease_given_back() {
+    let app = App::start().await;
+    let key = fresh_key();
+    let elsewhere = InDatabase {
+        tenant: "someone-else".into(),
+        ..InDatabase::default()
+    };
+    let placed = Ok("order placed".to_owned());
+    let outcome = run_placing(&app, elsewhere, &key, "wrong tenant", placed).await;
+    let Err(RunOnceError::Call(error)) = &outcome else {
+        panic!("{outcome:?}");
+    };
+    assert_eq!(error.reason.as_deref(), Some("RECORD_NOT_FOUND"));
+    assert!(
+        error.message.contains("\"someone-else\""),
+        "{}",
+        error.message
+    );
+    assert!(app.orders(&key).await.is_empty(), "the row was rolled back");
+    // Released (FAILED, due now, the attempt not counted), not left
+    // PROCESSING until the lease runs out.
+    let record = record(&app.server, "orders.place", &key).await;
+    assert_eq!(record.status(), Status::Failed, "{record:?}");
+    assert_eq!(record.attempt_count, 0, "{record:?}");
 }

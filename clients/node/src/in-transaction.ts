@@ -13,7 +13,7 @@ import type { CoordinatorClient } from "./client.js";
 import { CoordinatorError } from "./errors.js";
 import { ErrorInfoSchema } from "./gen/google/rpc/error_details_pb.js";
 import { Status } from "./gen/idempotency/v1/coordinator_pb.js";
-import { runOnce, type InTransaction, type RunOnceOptions, type RunOnceOutcome, type Work } from "./run-once.js";
+import { runOnceWith, type InTransaction, type RunOnceOptions, type RunOnceOutcome, type Work } from "./run-once.js";
 
 /** What the library needs of the caller's connection: `pg`'s `Client` and `PoolClient` have it. */
 export interface SqlConnection {
@@ -73,7 +73,7 @@ export async function runOnceInTransaction<T>(
     },
     refusal,
   };
-  return runOnce(client, options, work, inTransaction);
+  return runOnceWith(client, options, work, inTransaction);
 }
 
 /** The CoordinatorError a refused completion stands for, by its SQLSTATE. */
@@ -94,6 +94,8 @@ function refusal(error: unknown): CoordinatorError | undefined {
       return as(Code.NotFound, "RECORD_NOT_FOUND");
     case "IK003":
       return as(Code.FailedPrecondition, "ALREADY_COMPLETED");
+    case "22023":
+      return as(Code.InvalidArgument, "RESULT_REFUSED");
     default:
       return undefined;
   }

@@ -148,7 +148,20 @@ export async function runOnce<T>(
   client: CoordinatorClient,
   options: RunOnceOptions<T>,
   work: Work<T>,
-  inTransaction?: InTransaction,
+): Promise<RunOnceOutcome<T>> {
+  return runOnceWith(client, options, work, undefined);
+}
+
+/**
+ * runOnce with the in-transaction hook (runOnceInTransaction's); not part
+ * of the package's exports.
+ * @internal
+ */
+export async function runOnceWith<T>(
+  client: CoordinatorClient,
+  options: RunOnceOptions<T>,
+  work: Work<T>,
+  inTransaction: InTransaction | undefined,
 ): Promise<RunOnceOutcome<T>> {
   const leaseTtlMs = options.leaseTtlMs ?? DEFAULT_LEASE_TTL_MS;
   const waitMs = options.waitMs ?? DEFAULT_WAIT_MS;
@@ -310,8 +323,12 @@ async function holdLease<T>(
   };
 
   let outcome: { ok: true; value: T } | { ok: false; error: unknown };
+  // False while the caller's transaction refuses the savepoint (no BEGIN,
+  // an aborted transaction): a database error before the work.
+  let begun = inTransaction === undefined;
   try {
     await inTransaction?.begin();
+    begun = true;
     outcome = { ok: true, value: await work(context) };
   } catch (error) {
     outcome = { ok: false, error };
@@ -345,6 +362,12 @@ async function holdLease<T>(
       ),
     );
 
+  // The work did not start: nothing happened, give the key back.
+  if (!begun && !outcome.ok) {
+    await complete({ case: "release", value: {} }).catch(() => undefined);
+    throw outcome.error;
+  }
+
   if (outcome.ok) {
     const value = outcome.value;
     let result: Uint8Array | undefined;
@@ -361,6 +384,17 @@ async function holdLease<T>(
         await inTransaction.rollback().catch(() => undefined);
         const refused = inTransaction.refusal(error);
         if (refused?.code === Code.Aborted) return leaseLost(refused);
+        if (refused?.code === Code.InvalidArgument) {
+          // The same value is refused every time: the key fails for good.
+          await complete({
+            case: "failure",
+            value: { error: `the result was refused: ${refused.message}`, permanent: true },
+          }).catch(() => undefined);
+          throw refused;
+        }
+        // No record under this tenant (a wrong tenant, say): the lease is
+        // still held, give it back.
+        if (refused?.code === Code.NotFound) await complete({ case: "release", value: {} }).catch(() => undefined);
         if (refused !== undefined) throw refused;
         // The work's writes rolled back: nothing happened, give the key back.
         await complete({ case: "release", value: {} }).catch(() => undefined);

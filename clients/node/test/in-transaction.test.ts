@@ -5,7 +5,8 @@ import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import { after, before, describe, test } from "node:test";
 import pg from "pg";
-import { Decision, Status, createClient, runOnceInTransaction, type CoordinatorClient } from "../src/index.js";
+import * as api from "../src/index.js";
+import { Decision, Status, createClient, runOnce, runOnceInTransaction, type CoordinatorClient } from "../src/index.js";
 import { createDatabase, freshKey, startServer, waitFor, type TestDatabase, type TestServer } from "./harness.js";
 
 const SCOPE = "tests.node.tx";
@@ -124,5 +125,68 @@ describe("runOnceInTransaction", () => {
     assert.deepEqual(await placed(key), []);
     const record = await client.get(SCOPE, key);
     assert.equal(new TextDecoder().decode(record?.result?.result), '"from B"');
+  });
+  test("a database error before the work gives the lease back without counting an attempt", async () => {
+    const key = freshKey("tx");
+    let ran = false;
+    await withConnection(async (c) => {
+      // No BEGIN: the savepoint is refused before the work starts.
+      await assert.rejects(
+        runOnceInTransaction(client, c, { scope: SCOPE, key }, async () => {
+          ran = true;
+          return "never";
+        }),
+        /SAVEPOINT/,
+      );
+    });
+    assert.equal(ran, false);
+    const record = await client.get(SCOPE, key);
+    assert.equal(record?.status, Status.FAILED);
+    assert.equal(record?.attemptCount, 0);
+    assert.equal(record?.lastError, "");
+  });
+
+  test("a result over the limit fails the key for good and leaves no row", async () => {
+    const key = freshKey("tx");
+    await withConnection(async (c) => {
+      await c.query("BEGIN");
+      await assert.rejects(
+        runOnceInTransaction(client, c, { scope: SCOPE, key }, async () => {
+          await c.query("INSERT INTO orders VALUES ($1, 'too big')", [key]);
+          return "x".repeat(1024 * 1024 + 1);
+        }),
+        (error: unknown) => (error as { reason?: string }).reason === "RESULT_REFUSED",
+      );
+      await c.query("COMMIT");
+    });
+    assert.deepEqual(await placed(key), []);
+    const record = await client.get(SCOPE, key);
+    assert.equal(record?.status, Status.FAILED_PERMANENT);
+    assert.equal(record?.attemptCount, 1);
+  });
+
+  test("a wrong tenant is named and the lease given back", async () => {
+    const key = freshKey("tx");
+    await withConnection(async (c) => {
+      await c.query("BEGIN");
+      await assert.rejects(
+        runOnceInTransaction(client, c, { scope: SCOPE, key, tenant: "someone-else" }, async () => {
+          await c.query("INSERT INTO orders VALUES ($1, 'wrong tenant')", [key]);
+          return "placed";
+        }),
+        (error: unknown) =>
+          (error as { reason?: string }).reason === "RECORD_NOT_FOUND" &&
+          String((error as Error).message).includes('"someone-else"'),
+      );
+      await c.query("COMMIT");
+    });
+    assert.deepEqual(await placed(key), []);
+    const record = await client.get(SCOPE, key);
+    assert.equal(record?.status, Status.FAILED);
+    assert.equal(record?.attemptCount, 0);
+  });
+  test("the in-transaction hook is not part of runOnce's public signature", () => {
+    assert.equal(runOnce.length, 3);
+    assert.equal("runOnceWith" in api, false);
   });
 });

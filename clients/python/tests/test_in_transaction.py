@@ -15,7 +15,7 @@ import pytest
 
 from harness import Database, Server
 from helpers import wait_until
-from idempotency_coordinator import Client, LeaseContext, LeaseLost, RunResult, pb, pb_grpc
+from idempotency_coordinator import Client, CoordinatorError, LeaseContext, LeaseLost, RunResult, pb, pb_grpc
 
 
 @pytest.fixture
@@ -114,3 +114,71 @@ def test_a_holder_whose_lease_was_taken_over_cannot_commit_its_row(
     assert len(outcome) == 1 and isinstance(outcome[0], LeaseLost), outcome
     assert placed(database, orders, key) == []
     assert client.get(scope, key).result.result == b'"from B"'
+
+
+def test_a_database_error_before_the_work_gives_the_lease_back_without_counting_an_attempt(
+    client: Client, database: Database, scope: str, key: str
+) -> None:
+    ran = []
+    with psycopg.connect(database.url) as conn:
+        with pytest.raises(psycopg.errors.InFailedSqlTransaction):
+            with conn.transaction():
+                with pytest.raises(psycopg.errors.DivisionByZero):
+                    conn.execute("SELECT 1 / 0")
+                # The outer transaction is aborted: the block is refused
+                # before the work starts.
+                client.run_once(scope, key, lambda ctx: ran.append(1), connection=conn)
+    assert ran == []
+    record = client.get(scope, key)
+    assert record.status == pb.STATUS_FAILED
+    assert record.attempt_count == 0
+    assert record.last_error == ""
+
+
+def test_a_result_over_the_limit_fails_the_key_for_good_and_leaves_no_row(
+    client: Client, database: Database, orders: str, scope: str, key: str
+) -> None:
+    with psycopg.connect(database.url) as conn:
+
+        def work(ctx: LeaseContext) -> str:
+            conn.execute(f"INSERT INTO {orders} VALUES (%s, 'too big')", (key,))
+            return "x" * (1024 * 1024 + 1)
+
+        with pytest.raises(CoordinatorError) as refused:
+            client.run_once(scope, key, work, connection=conn)
+    assert refused.value.reason == "RESULT_REFUSED"
+    assert placed(database, orders, key) == []
+    record = client.get(scope, key)
+    assert record.status == pb.STATUS_FAILED_PERMANENT
+    assert record.attempt_count == 1
+
+
+def test_a_wrong_tenant_is_named_and_the_lease_given_back(
+    client: Client, database: Database, orders: str, scope: str, key: str
+) -> None:
+    with psycopg.connect(database.url) as conn:
+
+        def work(ctx: LeaseContext) -> str:
+            conn.execute(f"INSERT INTO {orders} VALUES (%s, 'wrong tenant')", (key,))
+            return "placed"
+
+        with pytest.raises(CoordinatorError) as refused:
+            client.run_once(scope, key, work, connection=conn, tenant="someone-else")
+    assert refused.value.reason == "RECORD_NOT_FOUND"
+    assert '"someone-else"' in refused.value.message
+    assert placed(database, orders, key) == []
+    record = client.get(scope, key)
+    assert record.status == pb.STATUS_FAILED
+    assert record.attempt_count == 0
+
+
+def test_tenant_or_schema_without_a_connection_is_refused(client: Client, scope: str, key: str) -> None:
+    ran = []
+    with pytest.raises(TypeError, match="only with connection="):
+        client.run_once(scope, key, lambda ctx: ran.append(1), tenant="someone-else")
+    with pytest.raises(TypeError, match="only with connection="):
+        client.run_once(scope, key, lambda ctx: ran.append(1), schema="idempotency")
+    assert ran == []
+    with pytest.raises(CoordinatorError) as missing:
+        client.get(scope, key)
+    assert missing.value.code == grpc.StatusCode.NOT_FOUND

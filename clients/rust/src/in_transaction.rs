@@ -21,7 +21,9 @@ use crate::client::Client;
 use crate::codec::{Codec, Json};
 use crate::error::{CallError, RunOnceError, WorkError};
 use crate::lease::{Lease, under_heartbeat};
-use crate::proto::{CompleteRequest, Record, Release, Status, Success, complete_request::Outcome};
+use crate::proto::{
+    CompleteRequest, Failure, Record, Release, Status, Success, complete_request::Outcome,
+};
 use crate::retry::with_retries;
 use crate::run::{
     Acquired, Done, Fingerprint, acquire_request, completion, decided, heartbeat_interval,
@@ -86,16 +88,19 @@ impl DatabaseClient<'_> {
     /// through the savepoint. On success the completion is the last
     /// statement the library runs, and **the caller commits `tx`**: until
     /// then the record's row is locked by `tx`, so no other caller can take
-    /// over (a takeover waits for the commit, then replays). If the commit
-    /// fails, nothing happened: the lease runs out and the key's next
-    /// caller runs the work. Commit promptly: an Acquire on this key, and
-    /// the calls the coordinator batched with it, wait on that lock until
-    /// then (so do not call the coordinator again before committing `tx`).
+    /// over. If the commit fails, nothing happened: the lease runs out and
+    /// the key's next caller runs the work. Commit promptly: a call that
+    /// needs this record's lock meanwhile (an Acquire that would wait for it
+    /// or take it over, a Complete) waits at most the server's 300 ms lock
+    /// limit and answers UNAVAILABLE with a retry delay; retried after the
+    /// commit, it replays this result.
     ///
     /// On every `Err` the savepoint was rolled back, so the work's writes
-    /// are gone and `tx` may still commit the caller's other writes. A
-    /// holder whose lease was taken over gets [`RunOnceError::LeaseLost`]
-    /// (the database refused its completion: fencing by the row lock). A
+    /// are gone and `tx` may still commit the caller's writes that do not
+    /// depend on the work. A holder whose lease was taken over gets
+    /// [`RunOnceError::LeaseLost`] (the database refused its completion:
+    /// fencing by the row lock): another holder did the work, so it must
+    /// not commit writes that depend on it (roll `tx` back). A
     /// failed work is reported with a Complete and returned in
     /// [`RunOnceError::Work`]; a failed statement on `tx` in
     /// [`RunOnceError::Database`] (the lease is released).
@@ -156,7 +161,17 @@ impl DatabaseClient<'_> {
             .complete_in(&savepoint, scope, key, &token, &bytes)
             .await;
         let completed = match completed {
-            Ok(row) => savepoint.commit().await.map(|()| row),
+            Ok(row) => match savepoint.commit().await {
+                Ok(()) => Ok(row),
+                // The savepoint outlives a RELEASE that failed: roll it back,
+                // so that the work's writes cannot commit with `tx`.
+                Err(error) => {
+                    let _ = tx
+                        .batch_execute(&format!("ROLLBACK TO SAVEPOINT {SAVEPOINT}"))
+                        .await;
+                    Err(error)
+                }
+            },
             Err(error) => {
                 let _ = savepoint.rollback().await;
                 Err(error)
@@ -223,13 +238,13 @@ impl DatabaseClient<'_> {
         options: &RunOptions,
         error: tokio_postgres::Error,
     ) -> RunOnceError<E, T> {
+        let message = error
+            .as_db_error()
+            .map_or_else(|| error.to_string(), |db| db.message().to_owned());
         let refusal = |code: Code, reason: &str| {
-            let message = error
-                .as_db_error()
-                .map_or_else(|| error.to_string(), |db| db.message().to_owned());
             RunOnceError::Call(CallError {
                 code,
-                message,
+                message: message.clone(),
                 reason: Some(reason.to_owned()),
                 field_violations: Vec::new(),
                 retry_after: None,
@@ -237,8 +252,26 @@ impl DatabaseClient<'_> {
         };
         match error.code().map(SqlState::code) {
             Some("IK002") => RunOnceError::LeaseLost,
-            Some("IK001") => refusal(Code::NotFound, "RECORD_NOT_FOUND"),
+            Some("IK001") => {
+                // A wrong tenant, say: the lease is still held, give it back.
+                let answer = refusal(Code::NotFound, "RECORD_NOT_FOUND");
+                self.send(scope, key, token, options, Outcome::Release(Release {}))
+                    .await;
+                answer
+            }
             Some("IK003") => refusal(Code::FailedPrecondition, "ALREADY_COMPLETED"),
+            // An argument over its limit (the result's size): the same
+            // value is refused every time, so the key fails for good.
+            Some("22023") => {
+                let answer = refusal(Code::InvalidArgument, "RESULT_REFUSED");
+                let failure = Outcome::Failure(Failure {
+                    error: format!("the result was refused: {message}"),
+                    permanent: true,
+                    retry_after: None,
+                });
+                self.send(scope, key, token, options, failure).await;
+                answer
+            }
             _ => self.released(scope, key, token, options, error).await,
         }
     }
@@ -253,18 +286,31 @@ impl DatabaseClient<'_> {
         options: &RunOptions,
         error: tokio_postgres::Error,
     ) -> RunOnceError<E, T> {
-        let release = CompleteRequest {
+        self.send(scope, key, token, options, Outcome::Release(Release {}))
+            .await;
+        RunOnceError::Database(Box::new(error))
+    }
+
+    /// Completes the lease with `outcome`, best effort: if it fails too,
+    /// the lease runs out.
+    async fn send(
+        &self,
+        scope: &str,
+        key: &str,
+        token: &str,
+        options: &RunOptions,
+        outcome: Outcome,
+    ) {
+        let complete = CompleteRequest {
             scope: scope.to_owned(),
             key: key.to_owned(),
             lease_token: token.to_owned(),
-            outcome: Some(Outcome::Release(Release {})),
+            outcome: Some(outcome),
         };
-        // Best effort: if it fails too, the lease runs out.
         let _ = with_retries(options.backoff, options.max_retries, || {
-            self.client.complete(release.clone())
+            self.client.complete(complete.clone())
         })
         .await;
-        RunOnceError::Database(Box::new(error))
     }
 
     /// Reports a failed work (or a value that cannot be encoded) with a
@@ -282,18 +328,9 @@ impl DatabaseClient<'_> {
         E: Display,
     {
         let (outcome, answer) = completion(&Json, outcome);
-        let complete = CompleteRequest {
-            scope: scope.to_owned(),
-            key: key.to_owned(),
-            lease_token: token.to_owned(),
-            outcome: Some(outcome),
-        };
         // The work's own error is what the caller needs to hear, whether or
         // not the coordinator took the failure.
-        let _ = with_retries(options.backoff, options.max_retries, || {
-            self.client.complete(complete.clone())
-        })
-        .await;
+        self.send(scope, key, token, options, outcome).await;
         match answer {
             Err(error) => error,
             Ok(_) => RunOnceError::Call(CallError::protocol("a failure reported as a value")),

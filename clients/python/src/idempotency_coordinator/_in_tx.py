@@ -53,6 +53,8 @@ def refusal(exc: BaseException, scope: str, key: str) -> Optional[IdempotencyErr
         return CoordinatorError(grpc.StatusCode.NOT_FOUND, message, reason="RECORD_NOT_FOUND")
     if state == "IK003":
         return CoordinatorError(grpc.StatusCode.FAILED_PRECONDITION, message, reason="ALREADY_COMPLETED")
+    if state == "22023":
+        return CoordinatorError(grpc.StatusCode.INVALID_ARGUMENT, message, reason="RESULT_REFUSED")
     return None
 
 

@@ -300,7 +300,7 @@ class Client:
         payload: Optional[bytes] = None,
         json_payload: Any = None,
         connection: Any = None,
-        tenant: str = "default",
+        tenant: Optional[str] = None,
         schema: Optional[str] = None,
         **options: Any,
     ) -> "c.RunResult[T]":
@@ -321,11 +321,15 @@ class Client:
         otherwise it is a transaction committed when the block ends. A
         holder whose lease was taken over gets :class:`LeaseLost` and its
         writes roll back. ``tenant`` is the tenant the coordinator files the
-        caller's records under (``default`` without authentication);
-        ``schema`` the schema it was installed into, when the session's
-        search_path does not list it (docs/in-transaction.md)."""
+        caller's records under (``default`` when not given, as without
+        authentication); ``schema`` the schema it was installed into, when
+        the session's search_path does not list it (docs/in-transaction.md).
+        Both apply only with ``connection``: given without it, they raise
+        :class:`TypeError`."""
         if inspect.iscoroutinefunction(work):
             raise TypeError("run async work with AsyncClient")
+        if connection is None and (tenant is not None or schema is not None):
+            raise TypeError("tenant= and schema= apply only with connection=")
         opts = self.options.merged(**options)
         req = c.acquire_request(
             scope,
@@ -342,7 +346,9 @@ class Client:
         if resp.decision != pb.DECISION_PROCEED:
             c.raise_outcome(resp, scope, key)
         if connection is not None:
-            return self._run_in_transaction(scope, key, work, resp, opts, connection, tenant, schema)
+            return self._run_in_transaction(
+                scope, key, work, resp, opts, connection, "default" if tenant is None else tenant, schema
+            )
         return self._run(scope, key, work, resp, opts)
 
     def _run(
@@ -396,9 +402,10 @@ class Client:
         if opts.heartbeat:
             self._heartbeats.schedule(ctx, opts.interval)
         token = c.set_current(ctx)
-        completing = False
+        begun = completing = False
         try:
             with connection.transaction():
+                begun = True
                 value = work(ctx)
                 if inspect.isawaitable(value):
                     if inspect.iscoroutine(value):
@@ -411,12 +418,32 @@ class Client:
                 _in_tx.complete(connection, tenant, schema, complete)
         except Exception as exc:
             ctx._stopped.set()
+            if not begun:
+                # The caller's transaction refused the block (an aborted
+                # transaction, say): the work never started, give the key back.
+                self._release(scope, key, ctx.token, opts)
+                raise
             if not completing:
                 if ctx.lost.is_set():
                     raise (ctx.lost_reason or c.lease_lost(scope, key)) from exc
                 self._fail(scope, key, ctx.token, exc, opts)
                 raise
             refused = _in_tx.refusal(exc, scope, key)
+            if isinstance(refused, CoordinatorError) and refused.reason == "RESULT_REFUSED":
+                # The same value is refused every time: the key fails for good.
+                failure = pb.CompleteRequest(
+                    scope=scope,
+                    key=key,
+                    lease_token=ctx.token,
+                    failure=pb.Failure(error=f"the result was refused: {refused.message}", permanent=True),
+                )
+                try:
+                    self._call(self.stub.Complete, failure, opts, opts.timeout)
+                except CoordinatorError as err:
+                    log.warning("could not record the failure of %s/%s: %s", scope, key, err)
+            elif isinstance(refused, CoordinatorError) and refused.reason == "RECORD_NOT_FOUND":
+                # A wrong tenant, say: the lease is still held, give it back.
+                self._release(scope, key, ctx.token, opts)
             if refused is not None:
                 raise refused from exc
             # The work's writes rolled back: nothing happened, give the key back.
