@@ -24,7 +24,7 @@ use tower_service::Service as _;
 use tracing::Instrument as _;
 
 use super::activity::OpenCall;
-use super::body::{BodyLimits, ByteBudget, Full, GuardedBody, Held, Pace, Reservation};
+use super::body::{BodyLimits, ByteBudget, Full, GuardedBody, Pace, Reservation};
 use crate::auth::{Authenticator, Caller};
 use crate::domain::Tenant;
 use crate::error::Error;
@@ -273,21 +273,12 @@ impl Admission {
                 return Either::Left(std::future::ready(Ok(answered(rpc, refused).0)));
             }
         };
-        // Every call holds its headers' charge until its answer has been
-        // sent. A Coordinator call also holds its request's bytes after they
-        // arrived (decoded, then waiting for the database), and then its
-        // answer's instead; calls of the health and reflection services,
-        // open to anyone, count their messages only while they arrive.
-        let (body_share, held, answering) = match service {
-            Service::Coordinator => {
-                let held = Held::new(reservation);
-                let answer = Answer {
-                    kept: held.bytes(),
-                    bytes: 0,
-                };
-                (held.clone(), held, Some(answer))
-            }
-            _ => (Held::new(reservation.empty()), Held::new(reservation), None),
+        // Calls of the health and reflection services, open to anyone, hold
+        // their share for as long as they last; Coordinator calls are bounded
+        // by the waiter limits once their request is in.
+        let (body_share, held) = match service {
+            Service::Coordinator => (reservation, None),
+            _ => (reservation.empty(), Some(reservation)),
         };
         let request = request.map(|body| GuardedBody::new(body, body_share, limits));
         let direct = self
@@ -325,8 +316,7 @@ impl Admission {
                     body,
                     rpc,
                     _call: call,
-                    held,
-                    answer: answering,
+                    _held: held,
                     span,
                 })
             }))
@@ -449,22 +439,9 @@ struct Tracked {
     body: Body,
     rpc: Option<metrics::Rpc>,
     _call: OpenCall,
-    /// The call's share of the budget, given back when the answer has been
-    /// sent (or dropped).
-    held: Held,
-    /// A Coordinator call's answer, counted in `held` as it is sent.
-    answer: Option<Answer>,
+    _held: Option<Reservation>,
     /// Hears the status in the trailers.
     span: CallSpan,
-}
-
-/// What a Coordinator call's answer holds of its share.
-struct Answer {
-    /// The headers' charge, held for the whole call.
-    kept: usize,
-    /// The answer's bytes so far, which replace the request's in the share
-    /// (the request is gone once the service has answered).
-    bytes: usize,
 }
 
 impl http_body::Body for Tracked {
@@ -478,13 +455,6 @@ impl http_body::Body for Tracked {
         let this = self.get_mut();
         let polled = std::pin::Pin::new(&mut this.body).poll_frame(cx);
         if let std::task::Poll::Ready(Some(frame)) = &polled {
-            if let Ok(frame) = frame
-                && let Some(data) = frame.data_ref()
-                && let Some(answer) = &mut this.answer
-            {
-                answer.bytes += data.len();
-                this.held.answering(answer.kept, answer.bytes);
-            }
             if let Ok(frame) = frame
                 && let Some(trailers) = frame.trailers_ref()
             {

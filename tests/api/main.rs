@@ -27,7 +27,6 @@ mod helpers;
 mod hostile;
 mod http;
 mod in_transaction;
-mod large_results;
 mod metrics;
 mod migrations;
 mod pipelining;
