@@ -87,7 +87,8 @@ async fn a_deadline_that_passes_in_the_server_is_deadline_exceeded() {
     let db = TestDatabase::create().await;
     let server = ServerProcess::start(&db.url).await;
     // Another transaction creates the same record and does not commit: the
-    // call's statement waits on it past the call's deadline.
+    // call's statement waits on it past the call's deadline (200 ms, before
+    // the shared connections' 300 ms lock_timeout would end the wait).
     let mut blocker = db.connect().await;
     let open = blocker.transaction().await.unwrap();
     open.execute(
@@ -100,7 +101,7 @@ async fn a_deadline_that_passes_in_the_server_is_deadline_exceeded() {
     let mut request = grpc_request(ACQUIRE, None);
     request
         .headers_mut()
-        .insert("grpc-timeout", "1500m".parse().unwrap());
+        .insert("grpc-timeout", "200m".parse().unwrap());
     let message = acquire("s", "late").encode_to_vec();
     let (answer, mut stream) = c.send.send_request(request, false).unwrap();
     stream
