@@ -211,9 +211,11 @@ async fn a_heartbeat_keeps_waiters_waiting_until_the_extended_lease_ends() {
     let mut c = app.client.clone();
     let mut req = acquire("s", "k");
     req.lease_ttl = secs(2);
+    // Before the Acquire: the lease is counted from a moment after this,
+    // however long its answer takes to come back on a busy machine.
+    let started = Instant::now();
     let holder = proceed(&mut c, req).await;
     let mut waiter = c.clone();
-    let started = Instant::now();
     let waiting_call = tokio::spawn(async move { waiter.acquire(waiting("s", "k", 20)).await });
     until_parked(&app, 1).await;
 
