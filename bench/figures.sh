@@ -17,6 +17,7 @@
 # a quiet machine: the figures are what the machine gave in those minutes.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+source "$root/bench/server.sh"
 server=${SERVER:-$root/target/release/idempotency-coordinator}
 bench=$root/target/release/idempotency-bench
 seconds=${SECS:-10}
@@ -34,10 +35,7 @@ export PGOPTIONS="-c client_min_messages=warning"
 
 work=$(mktemp -d)
 cleanup() {
-    if [ -n "${pid:-}" ]; then
-        kill "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    fi
+    stop_server TERM
     psql -qX "$url" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" \
         -c "DROP DATABASE IF EXISTS $limit_db WITH (FORCE)" >/dev/null || true
     rm -rf "$work"
@@ -45,16 +43,8 @@ cleanup() {
 trap cleanup EXIT
 
 psql -qX "$url" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" >/dev/null
-"$server" serve --database-url "$db_url" --listen "127.0.0.1:$port" \
-    --metrics-listen "127.0.0.1:$metrics_port" --http-listen "127.0.0.1:$http_port" \
-    >"$work/server.log" 2>&1 &
-pid=$!
-for _ in $(seq 1 300); do
-    grep -q "listening for changes" "$work/server.log" && break
-    kill -0 "$pid" 2>/dev/null || { cat "$work/server.log" >&2; exit 1; }
-    sleep 0.1
-done
-grep -q "listening for changes" "$work/server.log" || { echo "the server did not start" >&2; exit 1; }
+start_server "$work/server.log" "$server" serve --database-url "$db_url" --listen "127.0.0.1:$port" \
+    --metrics-listen "127.0.0.1:$metrics_port" --http-listen "127.0.0.1:$http_port"
 
 common=(--target "127.0.0.1:$port" --server-pid "$pid" --metrics "127.0.0.1:$metrics_port"
     --database-url "$db_url" --limit-database-url "$limit_url" --clients "$clients")

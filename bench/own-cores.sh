@@ -28,6 +28,7 @@
 # may use (one on two cores).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+source "$root/bench/server.sh"
 server=${SERVER:-$root/target/release/idempotency-coordinator}
 bench=$root/target/release/idempotency-bench
 rounds=${ROUNDS:-3}
@@ -47,10 +48,7 @@ work=$(mktemp -d)
 postmaster=
 original=
 cleanup() {
-    if [ -n "${pid:-}" ]; then
-        kill "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    fi
+    stop_server TERM
     if [ -n "$original" ]; then
         pin_postgres "$original" || true
     fi
@@ -98,23 +96,13 @@ run() {
     fi
     pin_postgres "$server_cores"
     psql -qX "$url" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" >/dev/null
-    RUST_LOG=info taskset -c "$server_cores" "$server" serve --database-url "$db_url" \
-        --listen "127.0.0.1:$port" --metrics-listen "127.0.0.1:$metrics_port" \
-        >"$work/server.log" 2>&1 &
-    pid=$!
-    for _ in $(seq 1 300); do
-        grep -q "listening for changes" "$work/server.log" && break
-        kill -0 "$pid" 2>/dev/null || { cat "$work/server.log" >&2; exit 1; }
-        sleep 0.1
-    done
-    grep -q "listening for changes" "$work/server.log" || { echo "the server did not start" >&2; exit 1; }
+    start_server "$work/server.log" env RUST_LOG=info taskset -c "$server_cores" "$server" serve \
+        --database-url "$db_url" --listen "127.0.0.1:$port" --metrics-listen "127.0.0.1:$metrics_port"
     taskset -c "$bench_cores" "$bench" --target "127.0.0.1:$port" --server-pid "$pid" \
         --metrics "127.0.0.1:$metrics_port" --database-url "$db_url" \
         --limit-database-url "$limit_url" \
         --scenario cycle,limit --clients "$clients" --seconds "$seconds" >"$work/bench.log"
-    kill -INT "$pid"
-    wait "$pid" 2>/dev/null || true
-    pid=
+    stop_server INT
     local cycle limit ratio
     cycle=$(awk '/^RESULT scenario=cycle /' "$work/bench.log")
     limit=$(awk '/^RESULT scenario=limit /' "$work/bench.log")

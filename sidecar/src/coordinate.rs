@@ -322,13 +322,9 @@ fn answer(
             let detail = format!("no attempts left for this key; last error: {last_error}");
             problem(proxy, Problem::AttemptsExhausted, &detail, None)
         }
-        Err(
-            error @ (RunOnceError::LeaseLost
-            | RunOnceError::NotRecorded { .. }
-            | RunOnceError::Codec(_)
-            | RunOnceError::Call(_)
-            | RunOnceError::Database(_)),
-        ) => unrecorded(proxy, &error, kept),
+        // LeaseLost, NotRecorded, Codec, Call, Database, and whatever
+        // the client library adds (its error is non-exhaustive).
+        Err(error) => unrecorded(proxy, &error, kept),
     }
 }
 

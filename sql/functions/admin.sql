@@ -207,10 +207,11 @@ $$;
 --   descent per scope (a loose index scan), not by reading the records,
 --   and no more than a page of them;
 -- - PROCESSING, FAILED and FAILED_PERMANENT records, which a healthy
---   system has few of, are counted exactly from their partial indexes
---   (idempotency_keys_leases, once for the page's scopes; _retries and
---   _failed_permanent per scope, index-only), with those whose lease ran
---   out and whose retry is due;
+--   system has few of, are counted exactly from their partial indexes,
+--   per scope (idempotency_keys_processing, _retries and
+--   _failed_permanent, each led by tenant and scope, so that another
+--   tenant's records are never read), with those whose lease ran out and
+--   whose retry is due;
 -- - all records of the scope are counted from the primary key up to p_cap
 --   (index-only); a scope with more says so (records_capped) rather than
 --   read them all. SUCCEEDED is what is left: exact below the cap, "at
@@ -238,9 +239,7 @@ LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_now   timestamptz := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
     v_scope      text;
-    v_last       text;
     v_all        bigint;
-    v_processing jsonb;
     v_scopes     text[] := '{}';
 BEGIN
     SELECT min(k.scope) INTO v_scope FROM idempotency_keys k
@@ -253,27 +252,14 @@ BEGIN
     IF cardinality(v_scopes) = 0 THEN
         RETURN;
     END IF;
-    v_last := v_scopes[cardinality(v_scopes)];
-    -- PROCESSING records are as many as the work in flight: they are read
-    -- once, through idempotency_keys_leases (an index of their own per
-    -- tenant and scope would cost every Acquire an insert).
-    SELECT coalesce(jsonb_object_agg(p.scope, jsonb_build_array(p.n, p.expired)), '{}')
-      INTO v_processing
-      FROM (WITH inflight AS MATERIALIZED (
-                -- Materialised, so that the planner reads the in-flight
-                -- rows through their index rather than combine it with the
-                -- tenant's whole range of the primary key.
-                SELECT k.tenant, k.scope, k.lease_expires_at FROM idempotency_keys k
-                 WHERE k.status = 'PROCESSING')
-            SELECT i.scope, count(*) AS n,
-                   count(*) FILTER (WHERE i.lease_expires_at <= v_now) AS expired
-              FROM inflight i
-             WHERE i.tenant = p_tenant AND i.scope > p_after AND i.scope <= v_last
-             GROUP BY i.scope) p;
     FOREACH v_scope IN ARRAY v_scopes LOOP
         scope := v_scope;
-        processing := coalesce((v_processing -> v_scope ->> 0)::bigint, 0);
-        leases_expired := coalesce((v_processing -> v_scope ->> 1)::bigint, 0);
+        -- idempotency_keys_processing (0006): this tenant's and scope's
+        -- in-flight records only.
+        SELECT count(*), count(*) FILTER (WHERE k.lease_expires_at <= v_now)
+          INTO processing, leases_expired
+          FROM idempotency_keys k
+         WHERE k.tenant = p_tenant AND k.scope = v_scope AND k.status = 'PROCESSING';
         SELECT count(*), count(*) FILTER (WHERE k.next_retry_at <= v_now)
           INTO failed, retries_due
           FROM idempotency_keys k

@@ -92,6 +92,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "complete_logs_what_it_changes",
         sql: include_str!("../../sql/migrations/0004_complete_logs_what_it_changes.sql"),
     },
+    Migration {
+        version: 6,
+        name: "processing_by_tenant_and_scope",
+        sql: include_str!("../../sql/migrations/0006_processing_by_tenant_and_scope.sql"),
+    },
 ];
 
 /// One file of functions, applied again whenever its contents change.

@@ -110,11 +110,8 @@ impl TlsOptions {
     /// out of `url`, a URL or `key=value` string, and returns what is left
     /// for tokio-postgres with the TLS settings they asked for.
     pub fn take(url: &str) -> Result<(String, TlsOptions), TlsOptionsError> {
-        let settings = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            url_settings(url)
-        } else {
-            keyword_settings(url)
-        };
+        let form = Form::of(url);
+        let settings = form.settings(url);
         let mut mode_word = None;
         let mut rootcert = None;
         let mut cut = Vec::new();
@@ -135,9 +132,9 @@ impl TlsOptions {
         for span in cut.iter().rev() {
             rest.replace_range(span.clone(), "");
         }
-        let rest = tidy(&rest);
+        let rest = form.tidy(&rest);
         let rest = match mode_word {
-            Some(_) => with_setting(&rest, "sslmode", "require"),
+            Some(_) => form.with_setting(&rest, "sslmode", "require"),
             None => rest,
         };
         let mode = match mode_word {
@@ -280,64 +277,94 @@ fn load_roots(roots: &RootCerts) -> Result<RootCertStore, TlsOptionsError> {
     Ok(store)
 }
 
-/// The settings in a URL's query (`?a=b&c=d`), percent-decoded.
-fn url_settings(url: &str) -> Vec<Setting> {
-    let Some(query_at) = url.find('?') else {
-        return Vec::new();
-    };
-    let mut settings = Vec::new();
-    let mut start = query_at + 1;
-    for part in url[query_at + 1..].split('&') {
-        let end = start + part.len();
-        if let Some((key, value)) = part.split_once('=') {
-            let decode = |s: &str| percent_decode_str(s).decode_utf8_lossy().into_owned();
-            // The separator before it goes too (the `?` stays: `tidy`).
-            let span = if start > query_at + 1 {
-                start - 1..end
-            } else {
-                start..end
-            };
-            settings.push(Setting {
-                span,
-                key: decode(key),
-                value: decode(value),
-            });
-        }
-        start = end + 1;
-    }
-    settings
+/// The two ways a database URL is written, read as tokio-postgres reads
+/// them: one scanner for both, which differ only in where the settings
+/// start, what separates them, and how a value is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Form {
+    /// `postgres://…?key=value&…`: the settings are the query's, values
+    /// percent-encoded; a part without `=` is skipped.
+    Url,
+    /// `key=value key = 'a \'quoted\' value'`: apart by whitespace, values
+    /// in single quotes may hold spaces, `\'` and `\\`; reading stops at a
+    /// key without `=`.
+    Keywords,
 }
 
-/// The settings of a `key=value` string (values in single quotes may hold
-/// spaces, `\'` and `\\`), as libpq and tokio-postgres read them.
-fn keyword_settings(text: &str) -> Vec<Setting> {
-    let bytes = text.as_bytes();
-    let mut settings = Vec::new();
-    let mut i = 0;
-    loop {
-        while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+impl Form {
+    fn of(text: &str) -> Form {
+        if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+            Form::Url
+        } else {
+            Form::Keywords
+        }
+    }
+
+    fn separates(self, byte: u8) -> bool {
+        match self {
+            Form::Url => byte == b'&',
+            Form::Keywords => byte.is_ascii_whitespace(),
+        }
+    }
+
+    /// Every `key=value` of `text`, where it is and what it says.
+    fn settings(self, text: &str) -> Vec<Setting> {
+        let bytes = text.as_bytes();
+        let first = match self {
+            Form::Url => match text.find('?') {
+                Some(query_at) => query_at + 1,
+                None => return Vec::new(),
+            },
+            Form::Keywords => 0,
+        };
+        let blank = |i: usize| self == Form::Keywords && bytes[i].is_ascii_whitespace();
+        let mut settings = Vec::new();
+        let mut i = first;
+        loop {
+            while i < bytes.len() && self.separates(bytes[i]) {
+                i += 1;
+            }
+            if i >= bytes.len() {
+                return settings;
+            }
+            let start = i;
+            while i < bytes.len() && bytes[i] != b'=' && !self.separates(bytes[i]) {
+                i += 1;
+            }
+            let key = text[start..i].to_owned();
+            while i < bytes.len() && blank(i) {
+                i += 1;
+            }
+            if i >= bytes.len() || bytes[i] != b'=' {
+                match self {
+                    Form::Url => continue,
+                    Form::Keywords => return settings,
+                }
+            }
             i += 1;
+            while i < bytes.len() && blank(i) {
+                i += 1;
+            }
+            let (value, end) = self.value(text, i);
+            i = end;
+            let (key, span) = match self {
+                // The `&` before it goes too (the `?` stays: `tidy`).
+                Form::Url => (
+                    decoded(&key),
+                    if start > first { start - 1 } else { start }..i,
+                ),
+                Form::Keywords => (key, start..i),
+            };
+            settings.push(Setting { span, key, value });
         }
-        if i >= bytes.len() {
-            return settings;
-        }
-        let start = i;
-        while i < bytes.len() && bytes[i] != b'=' && !bytes[i].is_ascii_whitespace() {
-            i += 1;
-        }
-        let key = text[start..i].to_owned();
-        while i < bytes.len() && bytes[i].is_ascii_whitespace() {
-            i += 1;
-        }
-        if i >= bytes.len() || bytes[i] != b'=' {
-            return settings;
-        }
-        i += 1;
-        while i < bytes.len() && bytes[i].is_ascii_whitespace() {
-            i += 1;
-        }
-        let mut value = String::new();
-        if bytes.get(i) == Some(&b'\'') {
+    }
+
+    /// The value written at `text[from..]`, and where it ends.
+    fn value(self, text: &str, from: usize) -> (String, usize) {
+        let bytes = text.as_bytes();
+        let mut i = from;
+        if self == Form::Keywords && bytes.get(i) == Some(&b'\'') {
+            let mut value = String::new();
             i += 1;
             while i < bytes.len() && bytes[i] != b'\'' {
                 if bytes[i] == b'\\' && i + 1 < bytes.len() {
@@ -347,40 +374,45 @@ fn keyword_settings(text: &str) -> Vec<Setting> {
                 value.push(c);
                 i += c.len_utf8();
             }
-            i = (i + 1).min(bytes.len());
-        } else {
-            let from = i;
-            while i < bytes.len() && !bytes[i].is_ascii_whitespace() {
-                i += 1;
-            }
-            value.push_str(&text[from..i]);
+            return (value, (i + 1).min(bytes.len()));
         }
-        settings.push(Setting {
-            span: start..i,
-            key,
-            value,
-        });
+        while i < bytes.len() && !self.separates(bytes[i]) {
+            i += 1;
+        }
+        let written = &text[from..i];
+        match self {
+            Form::Url => (decoded(written), i),
+            Form::Keywords => (written.to_owned(), i),
+        }
+    }
+
+    /// `text` without a `?` or `&` (or whitespace) left dangling by a cut
+    /// setting.
+    fn tidy(self, text: &str) -> String {
+        match self {
+            Form::Url => {
+                let text = text.replace("?&", "?");
+                text.strip_suffix('?').unwrap_or(&text).to_owned()
+            }
+            Form::Keywords => text.split_whitespace().collect::<Vec<_>>().join(" "),
+        }
+    }
+
+    /// `text` with `key=value` added.
+    fn with_setting(self, text: &str, key: &str, value: &str) -> String {
+        match self {
+            Form::Url => {
+                let joint = if text.contains('?') { '&' } else { '?' };
+                format!("{text}{joint}{key}={value}")
+            }
+            Form::Keywords => format!("{text} {key}={value}"),
+        }
     }
 }
 
-/// `url` without a `?` or `&` left dangling by a cut setting.
-fn tidy(url: &str) -> String {
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let url = url.replace("?&", "?");
-        url.strip_suffix('?').unwrap_or(&url).to_owned()
-    } else {
-        url.split_whitespace().collect::<Vec<_>>().join(" ")
-    }
-}
-
-/// `url` with `key=value` added.
-fn with_setting(url: &str, key: &str, value: &str) -> String {
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let joint = if url.contains('?') { '&' } else { '?' };
-        format!("{url}{joint}{key}={value}")
-    } else {
-        format!("{url} {key}={value}")
-    }
+/// A URL's percent-encoded text, decoded.
+fn decoded(text: &str) -> String {
+    percent_decode_str(text).decode_utf8_lossy().into_owned()
 }
 
 /// Accepts any certificate, and checks only that the handshake is signed
@@ -525,6 +557,30 @@ mod tests {
         assert_eq!(options.verify, Verify::Nothing);
         let (_, options) = take("host=db sslmode=disable");
         assert!(options.disabled());
+    }
+
+    #[test]
+    fn both_forms_are_read_by_one_scanner_as_tokio_postgres_reads_them() {
+        let read = |text: &str| {
+            Form::of(text)
+                .settings(text)
+                .into_iter()
+                .map(|s| (s.key, s.value, text[s.span].to_owned()))
+                .collect::<Vec<_>>()
+        };
+        let pair = |k: &str, v: &str, span: &str| (k.to_owned(), v.to_owned(), span.to_owned());
+        assert_eq!(
+            read("postgres://db/x?a=1&&flag&b%20c=%2Fd=e"),
+            [pair("a", "1", "a=1"), pair("b c", "/d=e", "&b%20c=%2Fd=e")]
+        );
+        assert_eq!(read("postgres://db/x"), []);
+        assert_eq!(
+            read(r"  a = 'it\'s \\ here'  b=2 c d=4"),
+            [
+                pair("a", r"it's \ here", r"a = 'it\'s \\ here'"),
+                pair("b", "2", "b=2")
+            ]
+        );
     }
 
     #[test]

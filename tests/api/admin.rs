@@ -344,3 +344,82 @@ async fn a_deleted_succeeded_record_is_not_replayed_from_the_cache() {
         .into_inner();
     assert_eq!(decision(&again), proto::Decision::Proceed);
 }
+
+/// Index entries read since the last call, across the table's indexes, as
+/// PostgreSQL counts them for this session (its statistics flushed first).
+async fn index_entries_read(db: &tokio_postgres::Client) -> i64 {
+    db.execute("SELECT pg_stat_force_next_flush()", &[])
+        .await
+        .unwrap();
+    db.execute("SELECT pg_stat_clear_snapshot()", &[])
+        .await
+        .unwrap();
+    db.query_one(
+        "SELECT sum(idx_tup_read)::bigint FROM pg_stat_user_indexes
+          WHERE relname = 'idempotency_keys'",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// Another tenant's work in flight is not one tenant's cost: with 100,000
+/// PROCESSING records of tenant B (before 0006 the summary read every one
+/// of them through idempotency_keys_leases, 102,222 index entries), tenant
+/// A's summary of its 12 records reads about as many entries as A has.
+#[tokio::test]
+async fn a_summary_reads_none_of_another_tenants_100000_processing_records() {
+    let db = TestDatabase::create().await;
+    let mut client = db.connect().await;
+    idempotency_coordinator::store::migrate::migrate(&mut client)
+        .await
+        .expect("migrate");
+    let insert = |tenant: &str, scopes: i32, n: i32, status: &str| {
+        format!(
+            "INSERT INTO idempotency_keys (tenant, scope, idempotency_key, fingerprint,
+                 created_at, retention, max_attempts, attempt_count, lease_token,
+                 lease_request_id, updated_at, expires_at, status, lease_expires_at)
+             SELECT '{tenant}', 'scope-' || (i % {scopes}), '{status}-' || i, '', now(),
+                    '1 day', 5, 1, gen_random_uuid(), '', now(), now() + interval '1 day',
+                    '{status}', CASE WHEN '{status}' = 'PROCESSING'
+                                     THEN now() + (i - {n} / 2) * interval '1 minute' END
+               FROM generate_series(1, {n}) i"
+        )
+    };
+    client
+        .batch_execute(&format!(
+            "{}; {}; {}; ANALYZE idempotency_keys",
+            insert("tenant-b", 10, 100_000, "PROCESSING"),
+            insert("tenant-a", 2, 4, "PROCESSING"),
+            insert("tenant-a", 2, 8, "SUCCEEDED"),
+        ))
+        .await
+        .unwrap();
+
+    let before = index_entries_read(&client).await;
+    let rows = client
+        .query(
+            "SELECT scope, processing, leases_expired, records
+               FROM idempotency_admin_summary('tenant-a', '', 100, 1000, 0)",
+            &[],
+        )
+        .await
+        .unwrap();
+    let read = index_entries_read(&client).await - before;
+    let counts: Vec<(String, i64, i64, i64)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    assert_eq!(
+        counts,
+        [
+            ("scope-0".to_owned(), 2, 1, 6),
+            ("scope-1".to_owned(), 2, 1, 6)
+        ]
+    );
+    assert!(
+        read < 100,
+        "tenant A's summary read {read} index entries (tenant B has 100,000 in flight)"
+    );
+}

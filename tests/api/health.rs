@@ -221,3 +221,54 @@ async fn the_health_command_reads_the_servers_address_and_tls_from_the_environme
     assert!(!plain.status.success());
     assert!(server.terminate().await.success());
 }
+
+/// What the TLS deployment's probes run (deploy/kubernetes/tls): started
+/// against a database that does not answer yet, the server is live (the
+/// port answers, liveness SERVING) and not ready: the `health` command, as
+/// the readiness probe runs it over TLS, exits non-zero and names
+/// NOT_SERVING, from the first moment the port is served.
+#[tokio::test]
+async fn under_tls_the_readiness_probe_fails_until_the_database_answers() {
+    let pki = pki(&["localhost"]);
+    let files = PemFiles::new();
+    let cert = files.write("cert.pem", &pki.cert);
+    let key = files.write("key.pem", &pki.key);
+    let (cert, key) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    // Nothing listens on port 1 of the loopback address.
+    let server = ServerProcess::launch(
+        "postgres://postgres@127.0.0.1:1/none",
+        &["--tls-cert", cert, "--tls-key", key],
+        Launch {
+            before_database: true,
+            ..Launch::default()
+        },
+    )
+    .await;
+    let target = server.addr.to_string();
+    let probe = |service: &'static str| {
+        let target = target.clone();
+        async move {
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"))
+                .args(["health", "--target", &target, "--service", service])
+                .args(["--tls-cert", cert, "--tls-key", key])
+                .env_clear()
+                .output()
+                .await
+                .expect("run the health command")
+        }
+    };
+    let readiness = probe("idempotency.v1.Coordinator").await;
+    let said = String::from_utf8_lossy(&readiness.stderr);
+    assert!(
+        !readiness.status.success(),
+        "ready without a database: {said}"
+    );
+    assert!(said.contains("is not serving: NOT_SERVING"), "{said}");
+    let liveness = probe("").await;
+    assert!(
+        liveness.status.success(),
+        "live while waiting: {}",
+        String::from_utf8_lossy(&liveness.stderr)
+    );
+    assert!(server.terminate().await.success());
+}

@@ -40,6 +40,11 @@ const RELEASED: &[(i32, &str, &str)] = &[
         "complete_logs_what_it_changes",
         "f30292acc6f8c95eaf981c27646d29fc954dabaabab309b1a98829af2dc848b1",
     ),
+    (
+        6,
+        "processing_by_tenant_and_scope",
+        "4b41e8d03effa2e3202215a8e654193181a9036174fdb26fbb7f2a1c3d2b7769",
+    ),
 ];
 
 #[test]

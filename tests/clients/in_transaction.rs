@@ -4,6 +4,7 @@
 //! was taken over cannot commit its row; a failed work's row is rolled back
 //! and the failure recorded.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -17,7 +18,10 @@ use tokio_postgres::{Client as PgClient, NoTls};
 use tonic::transport::Channel;
 
 use crate::database::TestDatabase;
+use crate::history::{self, Entry};
 use crate::process::ServerProcess;
+use crate::recorder::now_us;
+use crate::recording::{self, History, completed_in_transaction, violations};
 use crate::support::*;
 
 /// The server on a fresh database, which also holds the application's
@@ -320,10 +324,12 @@ async fn a_failed_work_leaves_no_row_and_its_failure_recorded() {
 }
 
 /// B's `run_once_in_transaction` of `key`, committed, asked again while
-/// another holder has the key, until it is done.
+/// another holder has the key, until it is done; B's completion goes into
+/// `history`.
 async fn retry_as_b(
     app: &App,
     client: &idempotency_client::Client,
+    history: &History,
     key: &str,
     options: &RunOptions,
 ) -> idempotency_client::Done<String> {
@@ -333,6 +339,8 @@ async fn retry_as_b(
         || async move {
             let mut pg = app.connection().await;
             let mut tx = pg.transaction().await.unwrap();
+            let token = Mutex::new(String::new());
+            let start_us = now_us();
             let outcome = client
                 .in_database(InDatabase::default())
                 .run_once_in_transaction(
@@ -341,12 +349,29 @@ async fn retry_as_b(
                     key,
                     Fingerprint::None,
                     options,
-                    async |tx, _lease| place_order(tx, key, "B").await,
+                    async |tx, lease| {
+                        *token.lock().unwrap() = lease.token().to_owned();
+                        place_order(tx, key, "B").await
+                    },
                 )
                 .await;
             tx.commit().await.unwrap();
             match outcome {
-                Ok(done) => Some(done),
+                Ok(done) => {
+                    let sent = serde_json::to_vec(&done.value).unwrap();
+                    let token = token.into_inner().unwrap();
+                    let when = (start_us, now_us());
+                    let scope_key = ("orders.place", key);
+                    completed_in_transaction(
+                        history,
+                        scope_key,
+                        &token,
+                        sent,
+                        when,
+                        Some(&done.record),
+                    );
+                    Some(done)
+                }
                 Err(RunOnceError::InProgress { .. }) => None,
                 Err(RunOnceError::Call(e)) if e.code == idempotency_client::Code::Unavailable => {
                     None
@@ -356,6 +381,25 @@ async fn retry_as_b(
         },
     )
     .await
+}
+
+/// The history the test recorded, with its final read of `key`, holds to
+/// every promise of the coordinator.
+async fn assert_no_violation(app: &App, history: &History, key: &str) {
+    let db = app.connection().await;
+    let leases = history
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| matches!(e, Entry::Call(c) if c.decision == Some(history::Decision::Proceed)))
+        .count();
+    assert_eq!(leases, 2, "A's lease and B's are in the history");
+    let violations = violations(history, &db, ("orders.place", key)).await;
+    let entries = history.lock().unwrap().len();
+    assert!(
+        violations.is_empty(),
+        "the history checker found, in {entries} calls: {violations:#?}"
+    );
 }
 
 /// Ends `backend` as a killed process would (its connection closes) and
@@ -387,7 +431,8 @@ async fn kill(app: &App, backend: i32) {
 async fn a_holder_killed_after_its_completion_before_its_commit_leaves_nothing_and_the_retry_inserts_one_row()
  {
     let app = App::start().await;
-    let client = app.client().await;
+    let history = History::default();
+    let client = recording::client(&format!("http://{}", app.server.addr), &history).await;
     let key = fresh_key();
     let options = RunOptions {
         lease_ttl: Duration::from_secs(1),
@@ -402,6 +447,8 @@ async fn a_holder_killed_after_its_completion_before_its_commit_leaves_nothing_a
         .unwrap()
         .get(0);
     let mut tx = pg_a.transaction().await.unwrap();
+    let token = Mutex::new(String::new());
+    let start_us = now_us();
     let completed: Result<_, RunOnceError<String, String>> = client
         .in_database(InDatabase::default())
         .run_once_in_transaction(
@@ -410,7 +457,10 @@ async fn a_holder_killed_after_its_completion_before_its_commit_leaves_nothing_a
             &key,
             Fingerprint::None,
             &options,
-            async |tx, _lease| place_order(tx, &key, "A").await,
+            async |tx, lease| {
+                *token.lock().unwrap() = lease.token().to_owned();
+                place_order(tx, &key, "A").await
+            },
         )
         .await;
     assert!(
@@ -418,23 +468,29 @@ async fn a_holder_killed_after_its_completion_before_its_commit_leaves_nothing_a
         "A completed in its transaction: {completed:?}"
     );
     // The process dies after the completion, before its COMMIT (and sends
-    // no ROLLBACK either).
+    // no ROLLBACK either): its completion never answered.
     std::mem::forget(tx);
     kill(&app, backend).await;
+    let sent = serde_json::to_vec("order placed by A").unwrap();
+    let token = token.into_inner().unwrap();
+    let when = (start_us, now_us());
+    completed_in_transaction(&history, ("orders.place", &key), &token, sent, when, None);
     assert!(app.orders(&key).await.is_empty(), "A's row died with it");
 
-    let done = retry_as_b(&app, &client, &key, &options).await;
+    let done = retry_as_b(&app, &client, &history, &key, &options).await;
     assert!(!done.replayed, "B ran the work");
     assert_eq!(app.orders(&key).await, ["B"], "exactly one row, B's");
     let record = record(&app.server, "orders.place", &key).await;
     assert_eq!(record.status(), Status::Succeeded);
     assert_eq!(record.attempt_count, 2);
+    assert_no_violation(&app, &history, &key).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_killed_before_its_commit_leaves_nothing_and_the_retry_inserts_one_row() {
     let app = App::start().await;
-    let client = app.client().await;
+    let history = History::default();
+    let client = recording::client(&format!("http://{}", app.server.addr), &history).await;
     let key = fresh_key();
     let options = RunOptions {
         lease_ttl: Duration::from_secs(1),
@@ -482,12 +538,13 @@ async fn a_holder_killed_before_its_commit_leaves_nothing_and_the_retry_inserts_
     assert!(app.orders(&key).await.is_empty(), "A's row died with it");
 
     // B retries once A's lease has run out.
-    let done = retry_as_b(&app, &client, &key, &options).await;
+    let done = retry_as_b(&app, &client, &history, &key, &options).await;
     assert!(!done.replayed, "B ran the work");
     assert_eq!(app.orders(&key).await, ["B"], "exactly one row, B's");
     let record = record(&app.server, "orders.place", &key).await;
     assert_eq!(record.status(), Status::Succeeded);
     assert_eq!(record.attempt_count, 2);
+    assert_no_violation(&app, &history, &key).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,6 +15,15 @@ mod polling;
 #[allow(dead_code)]
 mod process;
 
+// The benchmark's history checker and recorder (bench/src), pure code
+// shared as it is: the in-transaction tests hold their histories to it.
+#[allow(dead_code)]
+mod history;
+#[path = "../../bench/src/recorder.rs"]
+#[allow(dead_code)]
+mod recorder;
+mod recording;
+
 mod errors;
 mod in_transaction;
 mod lost_reply;

@@ -82,8 +82,10 @@ pub struct TlsOptions {
     pub domain: Option<String>,
 }
 
-/// Why a client could not be made.
+/// Why a client could not be made. Non-exhaustive: a `match` on it outside
+/// this crate needs a `_` arm.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConnectError {
     /// The bearer token is not a valid header value (visible ASCII).
     #[error("the bearer token must be visible ASCII")]

@@ -130,7 +130,11 @@ impl std::error::Error for CallError {}
 ///
 /// `?` on a `Result<_, E>` inside the work converts `E` into
 /// [`WorkError::Retryable`].
+///
+/// Non-exhaustive: a new way to record a failure is not a breaking change,
+/// so a `match` on it outside this crate needs a `_` arm.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum WorkError<E> {
     /// The attempt failed; the key may be tried again after the server's
     /// backoff (while attempts are left).
@@ -167,7 +171,12 @@ impl<E> From<E> for WorkError<E> {
 /// that is not PROCEED or ALREADY_DONE, a lost lease, the work's own error,
 /// a value the coordinator did not record, or a call that failed. `E` is
 /// the work's error, `T` its value.
+///
+/// Non-exhaustive: a new way for a call to end is not a breaking change, so
+/// a `match` on it outside this crate needs a `_` arm (for example to the
+/// error's `Display`).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RunOnceError<E, T> {
     /// Another caller still holds the lease after the wait window; ask
     /// again after `retry_after`.

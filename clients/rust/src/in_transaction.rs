@@ -21,13 +21,8 @@ use crate::client::Client;
 use crate::codec::{Codec, Json};
 use crate::error::{CallError, RunOnceError, WorkError};
 use crate::lease::{Lease, under_heartbeat};
-use crate::proto::{
-    CompleteRequest, Failure, Record, Release, Status, Success, complete_request::Outcome,
-};
-use crate::retry::with_retries;
-use crate::run::{
-    Acquired, Done, Fingerprint, acquire_request, completion, decided, heartbeat_interval,
-};
+use crate::proto::{Failure, Record, Release, Status, Success, complete_request::Outcome};
+use crate::run::{Acquired, Done, Fingerprint, completion, heartbeat_interval};
 use crate::{Code, RunOptions};
 
 /// Where the coordinator's records are, seen from the caller's database
@@ -118,15 +113,14 @@ impl DatabaseClient<'_> {
         E: Display,
         F: AsyncFnOnce(&mut Transaction<'_>, Lease) -> Result<T, WorkError<E>>,
     {
-        let client = self.client;
-        let request = acquire_request(scope, key, fingerprint, options);
-        let (response, asked) = client.acquire_for_run(&request, options).await?;
-        let (granted, record) = match decided(&Json, response) {
+        let leased = self
+            .client
+            .lease_for_run(&Json, scope, key, fingerprint, options)
+            .await;
+        let (lease, record) = match leased {
             Acquired::Granted { lease, record } => (lease, record),
             Acquired::Answered(outcome) => return outcome,
         };
-        let checkpoint = record.checkpoint.clone();
-        let lease = Lease::granted(client, scope, key, granted, checkpoint, asked, options);
         let token = lease.token().to_owned();
         let mut savepoint = match tx.savepoint(SAVEPOINT).await {
             Ok(savepoint) => savepoint,
@@ -301,16 +295,10 @@ impl DatabaseClient<'_> {
         options: &RunOptions,
         outcome: Outcome,
     ) {
-        let complete = CompleteRequest {
-            scope: scope.to_owned(),
-            key: key.to_owned(),
-            lease_token: token.to_owned(),
-            outcome: Some(outcome),
-        };
-        let _ = with_retries(options.backoff, options.max_retries, || {
-            self.client.complete(complete.clone())
-        })
-        .await;
+        let _ = self
+            .client
+            .complete_for_run(scope, key, token, outcome, options)
+            .await;
     }
 
     /// Reports a failed work (or a value that cannot be encoded) with a

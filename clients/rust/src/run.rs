@@ -13,8 +13,8 @@ use crate::error::{CallError, RunOnceError, WorkError};
 use crate::lease::{Lease, under_heartbeat};
 use crate::options::{Heartbeat, RunOptions, duration_to_proto};
 use crate::proto::{
-    AcquireRequest, AcquireResponse, CompleteRequest, Decision, Failure, Record, Release, Success,
-    acquire_request::RequestFingerprint, complete_request::Outcome,
+    AcquireRequest, AcquireResponse, CompleteRequest, CompleteResponse, Decision, Failure, Record,
+    Release, Success, acquire_request::RequestFingerprint, complete_request::Outcome,
 };
 use crate::retry::with_retries;
 use serde::Serialize;
@@ -115,27 +115,20 @@ impl Client {
         F: FnOnce(Lease) -> Fut,
         Fut: Future<Output = Result<T, WorkError<E>>>,
     {
-        let request = acquire_request(scope, key, fingerprint, options);
-        let (response, asked) = self.acquire_for_run(&request, options).await?;
-        let (granted, record) = match decided(codec, response) {
-            Acquired::Granted { lease, record } => (lease, record),
+        let lease = match self
+            .lease_for_run(codec, scope, key, fingerprint, options)
+            .await
+        {
+            Acquired::Granted { lease, .. } => lease,
             Acquired::Answered(outcome) => return outcome,
         };
-        let lease = Lease::granted(self, scope, key, granted, record.checkpoint, asked, options);
         let token = lease.token().to_owned();
         let interval = heartbeat_interval(options);
         let outcome = under_heartbeat(lease, interval, options.when_lease_lost, work).await?;
         let (completion, result) = completion(codec, outcome);
-        let complete = CompleteRequest {
-            scope: scope.to_owned(),
-            key: key.to_owned(),
-            lease_token: token,
-            outcome: Some(completion),
-        };
-        let completed = with_retries(options.backoff, options.max_retries, || {
-            self.complete(complete.clone())
-        })
-        .await;
+        let completed = self
+            .complete_for_run(scope, key, &token, completion, options)
+            .await;
         match (result, completed) {
             (Ok(value), Ok(response)) => Ok(Done {
                 value,
@@ -151,9 +144,58 @@ impl Client {
         }
     }
 
+    /// The Acquire of one run (`run_once`, `run_once_in_transaction`):
+    /// the lease it granted, or what the run answers instead (a replay, or
+    /// the decision as an error).
+    pub(crate) async fn lease_for_run<T, E, C>(
+        &self,
+        codec: &C,
+        scope: &str,
+        key: &str,
+        fingerprint: Fingerprint,
+        options: &RunOptions,
+    ) -> Acquired<T, E>
+    where
+        C: Codec<T> + ?Sized,
+    {
+        let request = acquire_request(scope, key, fingerprint, options);
+        let (response, asked) = match self.acquire_for_run(&request, options).await {
+            Ok(answered) => answered,
+            Err(error) => return Acquired::Answered(Err(error.into())),
+        };
+        let (granted, record) = match decided(codec, response) {
+            Decided::Granted(granted, record) => (granted, record),
+            Decided::Answered(outcome) => return Acquired::Answered(outcome),
+        };
+        let checkpoint = record.checkpoint.clone();
+        let lease = Lease::granted(self, scope, key, granted, checkpoint, asked, options);
+        Acquired::Granted { lease, record }
+    }
+
+    /// The Complete of one run's lease `token`, retried.
+    pub(crate) async fn complete_for_run(
+        &self,
+        scope: &str,
+        key: &str,
+        token: &str,
+        outcome: Outcome,
+        options: &RunOptions,
+    ) -> Result<CompleteResponse, CallError> {
+        let complete = CompleteRequest {
+            scope: scope.to_owned(),
+            key: key.to_owned(),
+            lease_token: token.to_owned(),
+            outcome: Some(outcome),
+        };
+        with_retries(options.backoff, options.max_retries, || {
+            self.complete(complete.clone())
+        })
+        .await
+    }
+
     /// Acquire, retried with the same request id; and when the call that
     /// was answered was sent: the lease's expiry counts from about then.
-    pub(crate) async fn acquire_for_run(
+    async fn acquire_for_run(
         &self,
         request: &AcquireRequest,
         options: &RunOptions,
@@ -170,7 +212,7 @@ impl Client {
 }
 
 /// The Acquire of one `run_once`; a fresh request id unless one is given.
-pub(crate) fn acquire_request(
+fn acquire_request(
     scope: &str,
     key: &str,
     fingerprint: Fingerprint,
@@ -191,21 +233,26 @@ pub(crate) fn acquire_request(
     }
 }
 
-/// What an Acquire's decision leaves `run_once` with.
+/// What a run's Acquire leaves it with.
 pub(crate) enum Acquired<T, E> {
-    /// PROCEED: the lease, and the record as it stood.
-    Granted {
-        lease: crate::proto::Lease,
-        record: Record,
-    },
-    /// Any other decision: what `run_once` answers (a replay's stored
-    /// value, or the decision as an error).
+    /// PROCEED: the lease to work under, and the record as it stood.
+    Granted { lease: Lease, record: Record },
+    /// Any other decision, or a failed call: what the run answers (a
+    /// replay's stored value, or an error).
+    Answered(Result<Done<T>, RunOnceError<E, T>>),
+}
+
+/// An Acquire's answer, read.
+enum Decided<T, E> {
+    /// PROCEED: the lease as granted, and the record.
+    Granted(crate::proto::Lease, Record),
+    /// What the run answers instead.
     Answered(Result<Done<T>, RunOnceError<E, T>>),
 }
 
 /// Reads an Acquire's answer: the lease it granted, or what `run_once`
 /// answers instead.
-pub(crate) fn decided<T, E, C>(codec: &C, response: AcquireResponse) -> Acquired<T, E>
+fn decided<T, E, C>(codec: &C, response: AcquireResponse) -> Decided<T, E>
 where
     C: Codec<T> + ?Sized,
 {
@@ -215,9 +262,9 @@ where
     let answer = match decision {
         Decision::Proceed => {
             return match response.lease {
-                Some(lease) => Acquired::Granted { lease, record },
+                Some(lease) => Decided::Granted(lease, record),
                 None => {
-                    Acquired::Answered(Err(CallError::protocol("PROCEED without a lease").into()))
+                    Decided::Answered(Err(CallError::protocol("PROCEED without a lease").into()))
                 }
             };
         }
@@ -249,7 +296,7 @@ where
         }),
         Decision::Unspecified => Err(CallError::protocol("Acquire answered no decision").into()),
     };
-    Acquired::Answered(answer)
+    Decided::Answered(answer)
 }
 
 /// How often the lease is extended while the work runs; never a busy loop,

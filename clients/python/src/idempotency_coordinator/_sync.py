@@ -351,19 +351,30 @@ class Client:
             )
         return self._run(scope, key, work, resp, opts)
 
-    def _run(
-        self, scope: str, key: str, work: Callable[[LeaseContext], T], resp: pb.AcquireResponse, opts: c.Options
-    ) -> "c.RunResult[T]":
+    def _lease(self, scope: str, key: str, resp: pb.AcquireResponse, opts: c.Options) -> LeaseContext:
+        """The lease a PROCEED granted, its heartbeat started."""
         ctx = LeaseContext(self, scope, key, resp.lease, resp.record.checkpoint, opts)
         if opts.heartbeat:
             self._heartbeats.schedule(ctx, opts.interval)
+        return ctx
+
+    @staticmethod
+    def _work(work: Callable[[LeaseContext], T], ctx: LeaseContext) -> T:
+        """Run the work; an async one is refused."""
+        value = work(ctx)
+        if inspect.isawaitable(value):
+            if inspect.iscoroutine(value):
+                value.close()
+            raise TypeError("the work returned an awaitable: run async work with AsyncClient")
+        return value
+
+    def _run(
+        self, scope: str, key: str, work: Callable[[LeaseContext], T], resp: pb.AcquireResponse, opts: c.Options
+    ) -> "c.RunResult[T]":
+        ctx = self._lease(scope, key, resp, opts)
         token = c.set_current(ctx)
         try:
-            value = work(ctx)
-            if inspect.isawaitable(value):
-                if inspect.iscoroutine(value):
-                    value.close()
-                raise TypeError("the work returned an awaitable: run async work with AsyncClient")
+            value = self._work(work, ctx)
             # Encoding belongs to the work: a value the codec refuses is a failure.
             complete = c.success_request(scope, key, ctx.token, value, opts)
         except Exception as exc:
@@ -398,19 +409,13 @@ class Client:
         tenant: str,
         schema: Optional[str],
     ) -> "c.RunResult[T]":
-        ctx = LeaseContext(self, scope, key, resp.lease, resp.record.checkpoint, opts)
-        if opts.heartbeat:
-            self._heartbeats.schedule(ctx, opts.interval)
+        ctx = self._lease(scope, key, resp, opts)
         token = c.set_current(ctx)
         begun = completing = False
         try:
             with connection.transaction():
                 begun = True
-                value = work(ctx)
-                if inspect.isawaitable(value):
-                    if inspect.iscoroutine(value):
-                        value.close()
-                    raise TypeError("the work returned an awaitable: run async work with AsyncClient")
+                value = self._work(work, ctx)
                 complete = c.success_request(scope, key, ctx.token, value, opts)
                 # The heartbeat ends before the completion takes the row lock.
                 ctx._stopped.set()
@@ -431,16 +436,8 @@ class Client:
             refused = _in_tx.refusal(exc, scope, key)
             if isinstance(refused, CoordinatorError) and refused.reason == "RESULT_REFUSED":
                 # The same value is refused every time: the key fails for good.
-                failure = pb.CompleteRequest(
-                    scope=scope,
-                    key=key,
-                    lease_token=ctx.token,
-                    failure=pb.Failure(error=f"the result was refused: {refused.message}", permanent=True),
-                )
-                try:
-                    self._call(self.stub.Complete, failure, opts, opts.timeout)
-                except CoordinatorError as err:
-                    log.warning("could not record the failure of %s/%s: %s", scope, key, err)
+                failure = pb.Failure(error=f"the result was refused: {refused.message}", permanent=True)
+                self._report(pb.CompleteRequest(scope=scope, key=key, lease_token=ctx.token, failure=failure), opts)
             elif isinstance(refused, CoordinatorError) and refused.reason == "RECORD_NOT_FOUND":
                 # A wrong tenant, say: the lease is still held, give it back.
                 self._release(scope, key, ctx.token, opts)
@@ -455,21 +452,25 @@ class Client:
         record = _in_tx.succeeded(resp.record, complete)
         return c.RunResult(value=value, replayed=False, record=record, lease=c.lease_info(resp.lease))
 
-    def _release(self, scope: str, key: str, token: str, opts: c.Options) -> None:
-        """Give the lease back at once (best effort: if this fails too, the
-        lease runs out)."""
-        req = pb.CompleteRequest(scope=scope, key=key, lease_token=token, release=pb.Release())
+    def _report(self, req: pb.CompleteRequest, opts: c.Options, cause: Optional[Exception] = None) -> None:
+        """Send a Complete that records a failure or gives the lease back,
+        best effort: if it fails too, the lease runs out. With ``cause`` (the
+        work's exception), a refused lease is raised as LeaseLost from it.
+        Every Complete of a run but the success's goes through here, with or
+        without ``connection``."""
         try:
             self._call(self.stub.Complete, req, opts, opts.timeout)
         except CoordinatorError as err:
-            log.warning("could not release %s/%s: %s", scope, key, err)
+            if cause is not None and c.is_lease_error(err):
+                raise c.lease_lost(req.scope, req.key, err) from cause
+            what = "release" if req.HasField("release") else "record the failure of"
+            log.warning("could not %s %s/%s: %s", what, req.scope, req.key, err)
+
+    def _release(self, scope: str, key: str, token: str, opts: c.Options) -> None:
+        """Give the lease back at once."""
+        self._report(pb.CompleteRequest(scope=scope, key=key, lease_token=token, release=pb.Release()), opts)
 
     def _fail(self, scope: str, key: str, token: str, exc: Exception, opts: c.Options) -> None:
         """Record the work's failure (its exception is raised again by the
         caller); a refused Complete means the lease was lost."""
-        try:
-            self._call(self.stub.Complete, c.failure_request(scope, key, token, exc, opts), opts, opts.timeout)
-        except CoordinatorError as err:
-            if c.is_lease_error(err):
-                raise c.lease_lost(scope, key, err) from exc
-            log.warning("could not record the failure of %s/%s: %s", scope, key, err)
+        self._report(c.failure_request(scope, key, token, exc, opts), opts, cause=exc)
