@@ -21,6 +21,7 @@
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use bytes::{Buf as _, BufMut as _, Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, header};
@@ -34,6 +35,7 @@ use tonic::Status;
 use super::connect::{SERVICE_PREFIX, connect_timeout, error_json};
 use super::json::Schema;
 use super::{Asks, Door, DoorError, HeldBody, MAX_JSON_VALUES, Media, failed, parse_json};
+use crate::auth::Caller;
 use crate::domain::JsonValues;
 use crate::transport::{HttpBody, OpenCall};
 
@@ -105,7 +107,19 @@ pub(super) async fn serve(
         (Some(input), Some(output)) => (input, output),
         _ => return super::connect::refuse(door, &DoorError::NoRoute),
     };
-    match open(door, method, codec, messages, request, call).await {
+    let (parts, body) = request.into_parts();
+    let answer = match admit(door, &parts.headers) {
+        Ok(caller) => open(door, (method, codec), messages, caller, (parts, body), call).await,
+        Err(e) => {
+            // Refused from its headers alone: the body is read and dropped
+            // first (a little of it, briefly), so that an HTTP/1.1 client
+            // still sending it reads the answer rather than a closed
+            // connection.
+            discard(body).await;
+            Err(e)
+        }
+    };
+    match answer {
         Ok(response) => response,
         Err(e) => {
             super::log_refusal(&e);
@@ -116,18 +130,33 @@ pub(super) async fn serve(
     }
 }
 
-/// Reads the request, opens the call, and answers its stream.
-async fn open(
-    door: &Door,
-    method: &str,
-    codec: Codec,
-    (input, output): (MessageDescriptor, MessageDescriptor),
-    request: Request<Incoming>,
-    call: OpenCall,
-) -> Result<Response<HttpBody>, DoorError> {
-    let caller = door.caller(request.headers())?;
-    let encoding = request
-        .headers()
+/// The most of a refused request's body read (and dropped) before the
+/// answer, and for how long: a server-streaming request is one small
+/// message.
+const DISCARDED_BYTES: usize = 64 * 1024;
+const DISCARD_TIME: Duration = Duration::from_secs(1);
+
+/// Reads and drops up to [`DISCARDED_BYTES`] of `body` within
+/// [`DISCARD_TIME`]; nothing is kept nor charged to the budget.
+async fn discard(mut body: Incoming) {
+    let read = async {
+        let mut seen = 0;
+        while let Some(Ok(frame)) = body.frame().await {
+            seen += frame.data_ref().map_or(0, Bytes::len);
+            if seen > DISCARDED_BYTES {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DISCARD_TIME, read).await;
+}
+
+/// The caller, from the request's headers, if they do not refuse it: valid
+/// credentials (when required), no cross-site browser request, and no
+/// compression.
+fn admit(door: &Door, headers: &HeaderMap) -> Result<Caller, DoorError> {
+    let caller = door.caller(headers)?;
+    let encoding = headers
         .get("connect-content-encoding")
         .map(|v| v.as_bytes().trim_ascii());
     if encoding.is_some_and(|e| !e.eq_ignore_ascii_case(b"identity")) {
@@ -135,7 +164,18 @@ async fn open(
             "compressed requests are not served: send Connect-Content-Encoding: identity",
         )));
     }
-    let (parts, body) = request.into_parts();
+    Ok(caller)
+}
+
+/// Reads the request, opens the call, and answers its stream.
+async fn open(
+    door: &Door,
+    (method, codec): (&str, Codec),
+    (input, output): (MessageDescriptor, MessageDescriptor),
+    caller: Caller,
+    (parts, body): (http::request::Parts, Incoming),
+    call: OpenCall,
+) -> Result<Response<HttpBody>, DoorError> {
     let HeldBody { bytes, _held } = door.read_body(body, &parts, &caller, Media::Proto).await?;
     // The message alone, still charged to the budget.
     let body = HeldBody {

@@ -98,7 +98,7 @@ impl Envelopes {
 
     /// The messages up to the end-of-stream message (JSON), which must be
     /// the last thing in the body.
-    async fn to_end(&mut self) -> (Vec<Vec<u8>>, Value) {
+    async fn until_end(&mut self) -> (Vec<Vec<u8>>, Value) {
         let mut messages = Vec::new();
         loop {
             let (flags, message) = self.next().await.expect("an end-of-stream message");
@@ -204,7 +204,7 @@ async fn watch_streams_enveloped_messages_until_the_record_completes() {
         json!({"scope": "s", "key": "k", "lease_token": token, "success": {"result": "b2s="}}),
     )
     .await;
-    let (messages, end) = stream.to_end().await;
+    let (messages, end) = stream.until_end().await;
     assert_eq!(messages.len(), 1, "one event: the record completed");
     assert_eq!(
         json_of(&messages[0])["record"]["status"],
@@ -228,7 +228,7 @@ async fn watch_streams_enveloped_messages_until_the_record_completes() {
         enveloped(&request.encode_to_vec()),
     )
     .await;
-    let (messages, end) = stream.to_end().await;
+    let (messages, end) = stream.until_end().await;
     assert_eq!(messages.len(), 1);
     let event = proto::WatchEvent::decode(messages[0].as_slice()).expect("a WatchEvent");
     assert_eq!(event.record.unwrap().status(), proto::Status::Succeeded);
@@ -244,13 +244,13 @@ async fn refusals_arrive_as_the_end_of_stream_error() {
     // No credentials.
     let body = enveloped(json!({"scope": "s", "key": "mine"}).to_string().as_bytes());
     let mut stream = open(&http, &g, WATCH, "application/connect+json", &[], body).await;
-    let (messages, end) = stream.to_end().await;
+    let (messages, end) = stream.until_end().await;
     assert!(messages.is_empty());
     assert_eq!(end["error"]["code"], "unauthenticated", "{end}");
 
     // An invalid argument, the field named.
     let mut stream = watch_json(&http, &g, json!({"scope": "", "key": "mine"}), &[]).await;
-    let (messages, end) = stream.to_end().await;
+    let (messages, end) = stream.until_end().await;
     assert!(messages.is_empty());
     assert_eq!(end["error"]["code"], "invalid_argument", "{end}");
     let violations = end["error"]["details"]
@@ -266,7 +266,7 @@ async fn refusals_arrive_as_the_end_of_stream_error() {
 
     // A field the message does not have, in the JSON, is the door's own refusal.
     let mut stream = watch_json(&http, &g, json!({"scope": "s", "kee": "mine"}), &[]).await;
-    let (_, end) = stream.to_end().await;
+    let (_, end) = stream.until_end().await;
     assert_eq!(end["error"]["code"], "invalid_argument", "{end}");
     assert!(
         end["error"]["message"].as_str().unwrap().contains("kee"),
@@ -282,7 +282,7 @@ async fn refusals_arrive_as_the_end_of_stream_error() {
         &[("authorization", &bearer_b)],
     )
     .await;
-    let (messages, end) = stream.to_end().await;
+    let (messages, end) = stream.until_end().await;
     assert!(messages.is_empty());
     assert_eq!(end["error"]["code"], "not_found", "{end}");
 
@@ -298,7 +298,7 @@ async fn refusals_arrive_as_the_end_of_stream_error() {
         [one.clone(), one].concat(),
     )
     .await;
-    let (_, end) = stream.to_end().await;
+    let (_, end) = stream.until_end().await;
     assert_eq!(end["error"]["code"], "invalid_argument", "{end}");
 
     // Compression is not served.
@@ -309,7 +309,7 @@ async fn refusals_arrive_as_the_end_of_stream_error() {
         &[("connect-content-encoding", "gzip")],
     )
     .await;
-    let (_, end) = stream.to_end().await;
+    let (_, end) = stream.until_end().await;
     assert_eq!(end["error"]["code"], "unimplemented", "{end}");
 
     // A codec the door does not speak: 415, before anything else.
@@ -336,7 +336,7 @@ async fn connect_timeout_ms_ends_the_watch() {
         &[("connect-timeout-ms", "1000")],
     )
     .await;
-    let (messages, end) = stream.to_end().await;
+    let (messages, end) = stream.until_end().await;
     let took = started.elapsed();
     // The window ends a margin before the deadline, so that its last
     // event arrives in time.
@@ -377,7 +377,7 @@ async fn watch_due_streams_in_connect_too() {
     assert_eq!(due["record"]["status"], "STATUS_FAILED", "{due}");
     drop(feed);
 
-    let (messages, end) = watch_due(&http, &g, "").await.to_end().await;
+    let (messages, end) = watch_due(&http, &g, "").await.until_end().await;
     assert!(messages.is_empty());
     assert_eq!(end["error"]["code"], "invalid_argument", "{end}");
 }
