@@ -1,7 +1,7 @@
-// The client over Connect-ES's own Connect transport (HTTP/1.1, the
-// coordinator's HTTP port, --http-listen) instead of gRPC: the unary calls
-// runOnce makes, and Watch streaming in the Connect protocol, in protobuf and
-// in JSON, against a real server requiring a bearer token. (The deadline's
+// The client over Connect-ES's own Connect transport (the coordinator's HTTP
+// port, --http-listen) instead of gRPC: the unary calls runOnce makes, and
+// Watch streaming in the Connect protocol, in protobuf and in JSON, over
+// HTTP/1.1 and HTTP/2 (prior knowledge), against a real server requiring a bearer token. (The deadline's
 // effect on a Watch is tested without a client's own timer, in tests/api.)
 import assert from "node:assert/strict";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
@@ -49,15 +49,15 @@ after(async () => {
   if (dir) rmSync(dir, { recursive: true, force: true });
 });
 
-function connectClient(useBinaryFormat: boolean): CoordinatorClient {
-  const transport = createConnectTransport({ baseUrl: httpBase, httpVersion: "1.1", useBinaryFormat });
-  return createClient({ transport, bearerToken: TOKEN });
-}
-
-for (const [format, binary] of [
-  ["protobuf", true],
-  ["JSON", false],
+for (const [format, binary, httpVersion] of [
+  ["protobuf, HTTP/1.1", true, "1.1"],
+  ["JSON, HTTP/1.1", false, "1.1"],
+  ["protobuf, HTTP/2", true, "2"],
 ] as const) {
+  const connectClient = (useBinaryFormat: boolean): CoordinatorClient => {
+    const transport = createConnectTransport({ baseUrl: httpBase, httpVersion, useBinaryFormat });
+    return createClient({ transport, bearerToken: TOKEN });
+  };
   describe(`over the Connect transport (${format})`, () => {
     test("runOnce runs the work once", async () => {
       const client = connectClient(binary);
