@@ -1,7 +1,7 @@
 //! The server-streaming methods, Watch and WatchDue, as Server-Sent Events:
 //! `POST /idempotency.v1.Coordinator/Watch` with the request as canonical
 //! JSON (`Content-Type: application/json`, as for unary calls; the Connect
-//! protocol's own streaming content types are not served) answers
+//! protocol's streaming content types are served by `connect_stream`) answers
 //! `text/event-stream`, one `data:` event per message in canonical JSON, and
 //! an `event: error` whose data is Connect's error JSON if the stream ends
 //! with an error. A call refused before its stream starts is answered as a

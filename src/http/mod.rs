@@ -7,8 +7,10 @@
 //!   n8n send and read them;
 //! - [`connect`]: every unary RPC in the Connect protocol's shape
 //!   (`POST /idempotency.v1.Coordinator/Acquire`, canonical proto3 JSON);
-//! - [`events`]: the streaming methods (Watch, WatchDue) as Server-Sent
-//!   Events;
+//! - `connect_stream`: the streaming methods (Watch, WatchDue) in the
+//!   Connect protocol's streaming shape (`application/connect+json`,
+//!   `application/connect+proto`);
+//! - [`events`]: the streaming methods as Server-Sent Events;
 //! - [`json`]: canonical JSON by reflection over the embedded descriptors;
 //! - `inprocess`: how the door makes a Coordinator call;
 //! - `refusal`: why the door refused a request ([`DoorError`]), as a status,
@@ -32,6 +34,7 @@
 //! bodies are parsed on the blocking pool.
 
 pub mod connect;
+mod connect_stream;
 mod console;
 pub mod events;
 mod hosts;
@@ -248,9 +251,15 @@ impl Door {
             return console::serve(&self, request, call).await;
         }
         if let Some(rpc) = path.strip_prefix(connect::SERVICE_PREFIX) {
-            // The streaming methods as Server-Sent Events, the rest in
-            // Connect's unary shape; both answer errors in Connect's JSON.
+            // The streaming methods in Connect's streaming protocol (asked
+            // for by its content types) or as Server-Sent Events, the rest
+            // in Connect's unary shape; all answer errors in Connect's JSON.
             return match connect::STREAMING.iter().find(|(name, ..)| *name == rpc) {
+                Some(&(method, input, output))
+                    if connect_stream::is_connect_streaming(request.headers()) =>
+                {
+                    connect_stream::serve(&self, method, (input, output), request, call).await
+                }
                 Some(&(method, input, output)) => {
                     events::serve(&self, method, input, output, request, call)
                         .await

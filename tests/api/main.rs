@@ -11,6 +11,7 @@ mod batches;
 mod complete;
 mod concurrency;
 mod conformance;
+mod connect_stream;
 mod console;
 mod console_hardening;
 mod database_tls;

@@ -45,7 +45,11 @@ export type ClientOptions = CommonClientOptions &
         readonly transport?: undefined;
       }
     | {
-        /** A transport of your own (for example with your interceptors); it must speak gRPC. */
+        /**
+         * A transport of your own (for example with your interceptors): gRPC to the
+         * server's gRPC port, or the Connect protocol (`createConnectTransport`) to its
+         * HTTP port (`--http-listen`).
+         */
         readonly transport: Transport;
         readonly baseUrl?: undefined;
         readonly tls?: undefined;
