@@ -64,9 +64,6 @@ BEGIN
          WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
            AND k.updated_at = r.updated_at
         RETURNING * INTO r;
-        IF NOT FOUND THEN
-            PERFORM idempotency_changed_meanwhile();
-        END IF;
     ELSIF p_outcome = 'FAILURE' AND (p_permanent OR r.attempt_count >= r.max_attempts) THEN
         UPDATE idempotency_keys k SET
             status = 'FAILED_PERMANENT', lease_outcome = 'FAILURE',
@@ -76,9 +73,6 @@ BEGIN
          WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
            AND k.updated_at = r.updated_at
         RETURNING * INTO r;
-        IF NOT FOUND THEN
-            PERFORM idempotency_changed_meanwhile();
-        END IF;
     ELSIF p_outcome = 'FAILURE' THEN
         -- The exponent is capped so that a large base cannot overflow float8;
         -- 2^40 already exceeds any sensible cap.
@@ -95,9 +89,6 @@ BEGIN
          WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
            AND k.updated_at = r.updated_at
         RETURNING * INTO r;
-        IF NOT FOUND THEN
-            PERFORM idempotency_changed_meanwhile();
-        END IF;
     ELSIF p_outcome = 'RELEASE' THEN
         UPDATE idempotency_keys k SET
             status = 'FAILED', lease_outcome = 'RELEASE',
@@ -107,11 +98,12 @@ BEGIN
          WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
            AND k.updated_at = r.updated_at
         RETURNING * INTO r;
-        IF NOT FOUND THEN
-            PERFORM idempotency_changed_meanwhile();
-        END IF;
     ELSE
         RAISE EXCEPTION 'idempotency_complete: unknown outcome %', p_outcome;
+    END IF;
+    -- Each UPDATE above applies to the row as read under the lock.
+    IF NOT FOUND THEN
+        PERFORM idempotency_changed_meanwhile();
     END IF;
 
     PERFORM idempotency_notify_if_watched(r, v_now);
