@@ -9,14 +9,15 @@
 -- Applied at every migration of a Citus database (src/store/migrate.rs),
 -- after the function files. Citus creates each function on every node.
 
--- idempotency_sweep_shard: idempotency_sweep_batch on one shard, run on the
--- node that holds it, where the shard is a plain table and all of
--- PostgreSQL works (SKIP LOCKED included). At most p_expired_limit expired
--- rows are deleted and p_lease_limit dead leases reclaimed, as of p_now
--- (the same instant for every shard of a round). With p_exclusive it runs
--- only if it gets the shard's sweeper lock (an advisory lock keyed by the
--- shard, held until its commit): one sweeper at a time per shard. Returns
--- {"swept": ..., "expired_deleted": ..., "leases_reclaimed": ...}.
+-- idempotency_sweep_shard: the single-node sweep (idempotency_sweep_relation,
+-- sql/functions/sweep.sql) on one shard, run on the node that holds it,
+-- where the shard is a plain table and all of PostgreSQL works (SKIP LOCKED
+-- included). At most p_expired_limit expired rows are deleted and
+-- p_lease_limit dead leases reclaimed, as of p_now (the same instant for
+-- every shard of a round). With p_exclusive it runs only if it gets the
+-- shard's sweeper lock (an advisory lock keyed by the shard, held until its
+-- commit): one sweeper at a time per shard. Returns {"swept": ...,
+-- "expired_deleted": ..., "leases_reclaimed": ...}.
 CREATE OR REPLACE FUNCTION idempotency_sweep_shard(
     p_shard         regclass,
     p_tenant        text,
@@ -29,9 +30,7 @@ CREATE OR REPLACE FUNCTION idempotency_sweep_shard(
 RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_expired bigint := 0;
-    v_leases  bigint := 0;
-    r         idempotency_keys;
+    s record;
 BEGIN
     -- The single-node sweeper's lock constant ("idemswep") with the shard's
     -- oid mixed in: one lock per shard of the node.
@@ -39,101 +38,11 @@ BEGIN
        AND NOT pg_try_advisory_xact_lock(7594306392416544112 # p_shard::oid::bigint) THEN
         RETURN jsonb_build_object('swept', false, 'expired_deleted', 0, 'leases_reclaimed', 0);
     END IF;
-
-    IF p_dry_run THEN
-        EXECUTE format(
-            'SELECT least($3, (SELECT count(*) FROM (SELECT 1 FROM %1$s k
-                                  WHERE k.status <> ''PROCESSING'' AND k.expires_at <= $1
-                                    AND ($2 IS NULL OR k.tenant = $2) LIMIT $3) x)
-                             + (SELECT count(*) FROM (SELECT 1 FROM %1$s k
-                                  WHERE k.status = ''PROCESSING'' AND k.lease_expires_at <= $1
-                                    AND k.expires_at <= $1
-                                    AND ($2 IS NULL OR k.tenant = $2) LIMIT $3) x))', p_shard)
-           INTO v_expired USING p_now, p_tenant, p_expired_limit;
-        EXECUTE format(
-            'SELECT count(*) FROM (SELECT 1 FROM %s k
-              WHERE k.status = ''PROCESSING'' AND k.lease_expires_at <= $1
-                AND k.expires_at > $1 AND ($2 IS NULL OR k.tenant = $2) LIMIT $3) x', p_shard)
-           INTO v_leases USING p_now, p_tenant, p_lease_limit;
-        RETURN jsonb_build_object('swept', true, 'expired_deleted', v_expired,
-                                  'leases_reclaimed', v_leases);
-    END IF;
-
-    IF p_expired_limit > 0 THEN
-        -- Settled rows, then PROCESSING ones, as idempotency_sweep_batch.
-        EXECUTE format(
-            'WITH victims AS (
-                SELECT k.tenant, k.scope, k.idempotency_key FROM %1$s k
-                 WHERE k.status <> ''PROCESSING'' AND k.expires_at <= $1
-                   AND ($2 IS NULL OR k.tenant = $2)
-                 ORDER BY k.expires_at
-                 LIMIT $3
-                   FOR UPDATE SKIP LOCKED
-            )
-            DELETE FROM %1$s k USING victims v
-             WHERE k.tenant = v.tenant AND k.scope = v.scope
-               AND k.idempotency_key = v.idempotency_key', p_shard)
-           USING p_now, p_tenant, p_expired_limit;
-        GET DIAGNOSTICS v_expired = ROW_COUNT;
-        EXECUTE format(
-            'WITH victims AS (
-                SELECT k.tenant, k.scope, k.idempotency_key FROM %1$s k
-                 WHERE k.status = ''PROCESSING'' AND k.lease_expires_at <= $1
-                   AND k.expires_at <= $1 AND ($2 IS NULL OR k.tenant = $2)
-                 ORDER BY k.lease_expires_at
-                 LIMIT $3
-                   FOR UPDATE SKIP LOCKED
-            ), deleted AS (
-                DELETE FROM %1$s k USING victims v
-                 WHERE k.tenant = v.tenant AND k.scope = v.scope
-                   AND k.idempotency_key = v.idempotency_key
-                RETURNING 1
-            )
-            SELECT $4 + count(*) FROM deleted', p_shard)
-           INTO v_expired USING p_now, p_tenant, p_expired_limit - v_expired, v_expired;
-    END IF;
-
-    IF p_lease_limit > 0 THEN
-        FOR r IN EXECUTE format(
-            'WITH dead AS (
-                SELECT k.tenant, k.scope, k.idempotency_key FROM %1$s k
-                 WHERE k.status = ''PROCESSING'' AND k.lease_expires_at <= $1
-                   AND k.expires_at > $1 AND ($2 IS NULL OR k.tenant = $2)
-                 ORDER BY k.lease_expires_at
-                 LIMIT $3
-                   FOR UPDATE SKIP LOCKED
-            )
-            UPDATE %1$s k SET
-                status = CASE WHEN k.attempt_count >= k.max_attempts
-                              THEN ''FAILED_PERMANENT'' ELSE ''FAILED'' END,
-                next_retry_at = CASE WHEN k.attempt_count >= k.max_attempts
-                                     THEN NULL ELSE $1 END,
-                completed_at = CASE WHEN k.attempt_count >= k.max_attempts THEN $1 END,
-                last_error = CASE WHEN k.attempt_count >= k.max_attempts
-                    THEN format(''the lease of the last attempt (%%s of %%s) ran out before it completed'',
-                                k.attempt_count, k.max_attempts)
-                    ELSE format(''the lease of attempt %%s of %%s ran out before it completed'',
-                                k.attempt_count, k.max_attempts)
-                    END,
-                last_error_at = $1,
-                lease_expires_at = NULL,
-                updated_at = $1,
-                expires_at = greatest(k.expires_at, $1 + k.retention)
-              FROM dead d
-             WHERE k.tenant = d.tenant AND k.scope = d.scope
-               AND k.idempotency_key = d.idempotency_key
-            RETURNING k.*', p_shard)
-           USING p_now, p_tenant, p_lease_limit
-        LOOP
-            v_leases := v_leases + 1;
-            PERFORM idempotency_notify_if_watched(r, p_now);
-            IF r.status = 'FAILED' THEN
-                PERFORM pg_notify('idempotency_due', r.tenant || E'\n' || r.scope);
-            END IF;
-        END LOOP;
-    END IF;
-    RETURN jsonb_build_object('swept', true, 'expired_deleted', v_expired,
-                              'leases_reclaimed', v_leases);
+    SELECT * INTO s
+      FROM idempotency_sweep_relation(p_shard, p_tenant, greatest(p_expired_limit, 0),
+                                      greatest(p_lease_limit, 0), p_dry_run, p_now);
+    RETURN jsonb_build_object('swept', true, 'expired_deleted', s.expired_deleted,
+                              'leases_reclaimed', s.leases_reclaimed);
 END;
 $$;
 
@@ -217,11 +126,9 @@ BEGIN
         SELECT d.tenant, d.scope, d.idempotency_key FROM (
             SELECT k.tenant, k.scope, k.idempotency_key FROM idempotency_keys k
              WHERE (p_tenant IS NULL OR (k.tenant = p_tenant AND k.scope = p_scope))
-               AND ((k.status = 'FAILED' AND k.next_retry_at <= v_now)
-                    OR (k.status = 'PROCESSING' AND k.lease_expires_at <= v_now))
-               AND k.attempt_count < k.max_attempts
-               AND k.expires_at > v_now
-               AND (k.offered_until IS NULL OR k.offered_until <= v_now)
+               AND idempotency_is_due(k.status, k.next_retry_at, k.lease_expires_at,
+                                      k.attempt_count, k.max_attempts, k.expires_at,
+                                      k.offered_until, v_now)
              ORDER BY coalesce(k.next_retry_at, k.lease_expires_at)
              LIMIT p_limit) d
          ORDER BY d.tenant COLLATE "C", d.scope COLLATE "C", d.idempotency_key COLLATE "C"
@@ -230,11 +137,8 @@ BEGIN
             offered_until = v_now + p_offer_ms * interval '1 millisecond',
             offered_to = p_subscriber
          WHERE k.tenant = c.tenant AND k.scope = c.scope AND k.idempotency_key = c.idempotency_key
-           AND ((k.status = 'FAILED' AND k.next_retry_at <= v_now)
-                OR (k.status = 'PROCESSING' AND k.lease_expires_at <= v_now))
-           AND k.attempt_count < k.max_attempts
-           AND k.expires_at > v_now
-           AND (k.offered_until IS NULL OR k.offered_until <= v_now)
+           AND idempotency_is_due(k.status, k.next_retry_at, k.lease_expires_at, k.attempt_count,
+                                  k.max_attempts, k.expires_at, k.offered_until, v_now)
         RETURNING k.* INTO r;
         IF FOUND THEN
             v_claimed := v_claimed || r;

@@ -82,7 +82,6 @@ DECLARE
     v_retention interval := p_retention_ms * interval '1 millisecond';
     v_token     uuid;
     v_fencing   bigint;
-    v_error     text;
 BEGIN
     SELECT * INTO r FROM idempotency_keys k
      WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key;
@@ -133,28 +132,35 @@ BEGIN
         -- Another caller created the row between our SELECT and INSERT.
     END LOOP;
 
-    IF r.expires_at <= v_now THEN
+    RETURN QUERY SELECT * FROM idempotency_acquire_locked(
+        r, v_now, p_fingerprint, p_request_id, v_lease, p_max_attempts, v_retention, p_watch_ms);
+END;
+$$;
+
+-- idempotency_acquire_locked: idempotency_acquire's decision on a record
+-- that exists, locked (FOR UPDATE) and read at p_now: the table above from
+-- its fourth line on, and the expired record taken as none.
+CREATE OR REPLACE FUNCTION idempotency_acquire_locked(
+    r                 idempotency_keys,
+    p_now             timestamptz,
+    p_fingerprint     text,
+    p_request_id      text,
+    p_lease           interval,
+    p_max_attempts    integer,
+    p_retention       interval,
+    p_watch_ms        bigint
+)
+RETURNS TABLE (decision text, retry_after_ms bigint, rec idempotency_keys)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_token   uuid;
+    v_fencing bigint;
+BEGIN
+    IF r.expires_at <= p_now THEN
         -- Expired: the row counts as absent, so this is a new record.
-        v_token := gen_random_uuid();
-        v_fencing := greatest(r.fencing_token + 1, nextval('idempotency_fencing'));
-        UPDATE idempotency_keys k SET
-            status = 'PROCESSING', fingerprint = p_fingerprint,
-            attempt_count = 1, max_attempts = p_max_attempts, retention = v_retention,
-            lease_token = v_token, lease_request_id = p_request_id,
-            lease_expires_at = v_now + v_lease, lease_outcome = NULL,
-            fencing_token = v_fencing, offered_until = NULL, offered_to = NULL,
-            next_retry_at = NULL, last_error = '', last_error_at = NULL,
-            result = NULL, result_content_type = '', result_status_code = 0, result_ref = '',
-            checkpoint = '', created_at = v_now, updated_at = v_now, completed_at = NULL,
-            expires_at = greatest(v_now + v_retention, v_now + v_lease)
-         WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
-           AND k.updated_at = r.updated_at
-        RETURNING * INTO r;
-        IF NOT FOUND THEN
-            PERFORM idempotency_changed_meanwhile();
-        END IF;
-        PERFORM idempotency_notify_if_watched(r, v_now);
-        decision := 'PROCEED'; rec := r;
+        decision := 'PROCEED';
+        rec := idempotency_acquire_anew(r, p_now, p_fingerprint, p_request_id, p_lease,
+                                        p_max_attempts, p_retention);
         RETURN NEXT;
         RETURN;
     END IF;
@@ -172,21 +178,21 @@ BEGIN
         RETURN;
     END IF;
 
-    IF r.status = 'PROCESSING' AND r.lease_expires_at > v_now THEN
+    IF r.status = 'PROCESSING' AND r.lease_expires_at > p_now THEN
         IF p_request_id <> '' AND p_request_id = r.lease_request_id THEN
             -- The same logical attempt asking again (its answer was lost).
             decision := 'PROCEED';
         ELSE
             decision := 'IN_PROGRESS';
-            retry_after_ms := idempotency_millis_until(r.lease_expires_at, v_now);
+            retry_after_ms := idempotency_millis_until(r.lease_expires_at, p_now);
             IF p_watch_ms > 0
-               AND coalesce(r.watch_until, '-infinity') < v_now + p_watch_ms * interval '1 millisecond' THEN
+               AND coalesce(r.watch_until, '-infinity') < p_now + p_watch_ms * interval '1 millisecond' THEN
                 -- A second more than asked, so that the next waiters of the
                 -- same moment find the row marked already and write nothing.
                 UPDATE idempotency_keys k SET
-                    watch_until = v_now + (p_watch_ms + 1000) * interval '1 millisecond'
-                 WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
-                   AND k.updated_at = r.updated_at
+                    watch_until = p_now + (p_watch_ms + 1000) * interval '1 millisecond'
+                 WHERE k.tenant = r.tenant AND k.scope = r.scope
+                   AND k.idempotency_key = r.idempotency_key AND k.updated_at = r.updated_at
                 RETURNING * INTO r;
                 IF NOT FOUND THEN
                     PERFORM idempotency_changed_meanwhile();
@@ -200,33 +206,15 @@ BEGIN
 
     -- Left: PROCESSING whose lease ran out, or FAILED.
     IF r.attempt_count >= r.max_attempts THEN
-        v_error := left(CASE WHEN r.status = 'PROCESSING'
-            THEN format('the lease of the last attempt (%s of %s) ran out before it completed',
-                        r.attempt_count, r.max_attempts)
-            ELSE format('no attempts left (%s of %s); last error: %s',
-                        r.attempt_count, r.max_attempts, r.last_error)
-            END, 4000);
-        UPDATE idempotency_keys k SET
-            status = 'FAILED_PERMANENT',
-            lease_expires_at = NULL, next_retry_at = NULL,
-            last_error = v_error,
-            last_error_at = v_now, completed_at = v_now, updated_at = v_now,
-            expires_at = v_now + r.retention
-         WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
-           AND k.updated_at = r.updated_at
-        RETURNING * INTO r;
-        IF NOT FOUND THEN
-            PERFORM idempotency_changed_meanwhile();
-        END IF;
-        PERFORM idempotency_notify_if_watched(r, v_now);
-        decision := 'EXHAUSTED'; rec := r;
+        decision := 'EXHAUSTED';
+        rec := idempotency_acquire_exhaust(r, p_now);
         RETURN NEXT;
         RETURN;
     END IF;
 
-    IF r.status = 'FAILED' AND r.next_retry_at > v_now THEN
+    IF r.status = 'FAILED' AND r.next_retry_at > p_now THEN
         decision := 'RETRY_LATER'; rec := r;
-        retry_after_ms := idempotency_millis_until(r.next_retry_at, v_now);
+        retry_after_ms := idempotency_millis_until(r.next_retry_at, p_now);
         RETURN NEXT;
         RETURN;
     END IF;
@@ -237,18 +225,87 @@ BEGIN
     UPDATE idempotency_keys k SET
         status = 'PROCESSING', attempt_count = r.attempt_count + 1,
         lease_token = v_token, lease_request_id = p_request_id,
-        lease_expires_at = v_now + v_lease, lease_outcome = NULL,
+        lease_expires_at = p_now + p_lease, lease_outcome = NULL,
         fencing_token = v_fencing, offered_until = NULL, offered_to = NULL,
-        next_retry_at = NULL, updated_at = v_now,
-        expires_at = greatest(v_now + r.retention, v_now + v_lease)
-     WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
+        next_retry_at = NULL, updated_at = p_now,
+        expires_at = greatest(p_now + r.retention, p_now + p_lease)
+     WHERE k.tenant = r.tenant AND k.scope = r.scope AND k.idempotency_key = r.idempotency_key
        AND k.updated_at = r.updated_at
     RETURNING * INTO r;
     IF NOT FOUND THEN
         PERFORM idempotency_changed_meanwhile();
     END IF;
-    PERFORM idempotency_notify_if_watched(r, v_now);
+    PERFORM idempotency_notify_if_watched(r, p_now);
     decision := 'PROCEED'; rec := r;
     RETURN NEXT;
+END;
+$$;
+
+-- idempotency_acquire_anew: an expired record (which counts as absent)
+-- made a new one, attempt 1, for the caller; the record as it is after.
+CREATE OR REPLACE FUNCTION idempotency_acquire_anew(
+    r              idempotency_keys,
+    p_now          timestamptz,
+    p_fingerprint  text,
+    p_request_id   text,
+    p_lease        interval,
+    p_max_attempts integer,
+    p_retention    interval
+)
+RETURNS idempotency_keys
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_token   uuid := gen_random_uuid();
+    v_fencing bigint := greatest(r.fencing_token + 1, nextval('idempotency_fencing'));
+BEGIN
+    UPDATE idempotency_keys k SET
+        status = 'PROCESSING', fingerprint = p_fingerprint,
+        attempt_count = 1, max_attempts = p_max_attempts, retention = p_retention,
+        lease_token = v_token, lease_request_id = p_request_id,
+        lease_expires_at = p_now + p_lease, lease_outcome = NULL,
+        fencing_token = v_fencing, offered_until = NULL, offered_to = NULL,
+        next_retry_at = NULL, last_error = '', last_error_at = NULL,
+        result = NULL, result_content_type = '', result_status_code = 0, result_ref = '',
+        checkpoint = '', created_at = p_now, updated_at = p_now, completed_at = NULL,
+        expires_at = greatest(p_now + p_retention, p_now + p_lease)
+     WHERE k.tenant = r.tenant AND k.scope = r.scope AND k.idempotency_key = r.idempotency_key
+       AND k.updated_at = r.updated_at
+    RETURNING * INTO r;
+    IF NOT FOUND THEN
+        PERFORM idempotency_changed_meanwhile();
+    END IF;
+    PERFORM idempotency_notify_if_watched(r, p_now);
+    RETURN r;
+END;
+$$;
+
+-- idempotency_acquire_exhaust: a record whose lease ran out or that
+-- FAILED, with no attempts left, made FAILED_PERMANENT (last_error says
+-- why); the record as it is after.
+CREATE OR REPLACE FUNCTION idempotency_acquire_exhaust(r idempotency_keys, p_now timestamptz)
+RETURNS idempotency_keys
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_error text := left(CASE WHEN r.status = 'PROCESSING'
+        THEN format('the lease of the last attempt (%s of %s) ran out before it completed',
+                    r.attempt_count, r.max_attempts)
+        ELSE format('no attempts left (%s of %s); last error: %s',
+                    r.attempt_count, r.max_attempts, r.last_error)
+        END, 4000);
+BEGIN
+    UPDATE idempotency_keys k SET
+        status = 'FAILED_PERMANENT',
+        lease_expires_at = NULL, next_retry_at = NULL,
+        last_error = v_error,
+        last_error_at = p_now, completed_at = p_now, updated_at = p_now,
+        expires_at = p_now + r.retention
+     WHERE k.tenant = r.tenant AND k.scope = r.scope AND k.idempotency_key = r.idempotency_key
+       AND k.updated_at = r.updated_at
+    RETURNING * INTO r;
+    IF NOT FOUND THEN
+        PERFORM idempotency_changed_meanwhile();
+    END IF;
+    PERFORM idempotency_notify_if_watched(r, p_now);
+    RETURN r;
 END;
 $$;

@@ -33,21 +33,21 @@ CREATE OR REPLACE FUNCTION idempotency_admin_act(
 RETURNS TABLE (outcome text, rec idempotency_keys)
 LANGUAGE plpgsql AS $$
 DECLARE
+    o       record;
     r       idempotency_keys;
     v_now   timestamptz;
     -- Drawn here, not in the UPDATE: Citus refuses volatile functions in
     -- an UPDATE of a distributed table.
     v_token uuid := gen_random_uuid();
 BEGIN
-    SELECT * INTO r FROM idempotency_keys k
-     WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
-       FOR UPDATE;
-    v_now := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
-    IF NOT FOUND OR r.expires_at <= v_now THEN
-        outcome := 'NOT_FOUND';
+    o := idempotency_open_record(p_tenant, p_scope, p_key, NULL, p_clock_offset_ms);
+    IF o.outcome IS NOT NULL THEN
+        outcome := o.outcome;
         RETURN NEXT;
         RETURN;
     END IF;
+    r := o.rec;
+    v_now := o.now;
     IF NOT (p_action = 'RELEASE_LEASE' AND r.status = 'PROCESSING'
             OR p_action = 'RETRY_NOW' AND r.status = 'FAILED'
             OR p_action = 'FAIL_PERMANENTLY' AND r.status IN ('PROCESSING', 'FAILED')) THEN

@@ -190,6 +190,38 @@ BEGIN
 END;
 $$;
 
+-- Whether a batch's calls can create their new keys and record their
+-- successes together (above): each call on its own key, in ascending key
+-- order, bytewise. One call per batch.
+CREATE OR REPLACE FUNCTION idempotency_keys_ascending(
+    p_tenant text[],
+    p_scope  text[],
+    p_key    text[]
+)
+RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    FOR i IN 2 .. coalesce(array_length(p_key, 1), 0) LOOP
+        IF (p_tenant[i - 1] COLLATE "C", p_scope[i - 1] COLLATE "C", p_key[i - 1] COLLATE "C")
+           >= (p_tenant[i] COLLATE "C", p_scope[i] COLLATE "C", p_key[i] COLLATE "C") THEN
+            RETURN false;
+        END IF;
+    END LOOP;
+    RETURN true;
+END;
+$$;
+
+-- The batch: the calls in order (see above). The steps it names:
+-- idempotency_keys_ascending (may keys be created together?),
+-- idempotency_succeed_together and idempotency_create_together (the
+-- successes (v_succ) and new keys (v_new) set aside, positions ascending),
+-- idempotency_succeed_alone and idempotency_create_alone (the same for a
+-- batch whose keys are not together), and idempotency_call_alone (every
+-- other call: its single-call function). The loop itself reads each
+-- Acquire's row and answers what needs no lock. Call i's key is copied out
+-- of the arrays once (v_tenant, v_scope, v_key): a plain variable costs one
+-- step in each statement that uses it, an array element a compiled
+-- subscript (bench/wal/instructions.sh).
 CREATE OR REPLACE FUNCTION idempotency_call_batch(
     p_acquire         boolean[],
     p_tenant          text[],
@@ -221,83 +253,29 @@ RETURNS TABLE (ord integer, decision text, retry_after_ms bigint, outcome text,
                rec idempotency_keys)
 LANGUAGE plpgsql AS $$
 DECLARE
-    r     idempotency_keys;
-    v_now timestamptz;
-    -- Call i's arguments, copied out of the arrays before the statements
-    -- that use them. PostgreSQL sets up a statement's executor each time
-    -- the statement runs, compiling every expression in it; a plain
-    -- variable costs one step there, an element of an array (or a sum of
-    -- two) a compiled subscript or operator. These assignments are simple
-    -- expressions, which PL/pgSQL compiles once per transaction: a tenth
-    -- off a cycle's instructions (bench/wal/instructions.sh). The per-call
-    -- INSERT below now runs only where new keys are not created together
-    -- (repeated or unsorted keys, Citus).
-    v_tenant        text;
-    v_scope         text;
-    v_key           text;
-    v_fingerprint   text;
-    v_request_id    text;
-    v_max_attempts  integer;
-    v_retention     interval;
-    v_lease         interval;
-    v_lease_expires timestamptz;
-    v_expires       timestamptz;
-    v_token         uuid;
-    v_result        bytea;
-    v_content_type  text;
-    v_status_code   integer;
-    v_result_ref    text;
-    v_calls         integer := coalesce(array_length(p_key, 1), 0);
-    -- Whether new keys wait for the INSERT after the loop (see above), and
-    -- which Acquires (their positions, ascending) create one there.
-    v_together      boolean := NOT p_completes_alone;
-    v_new           integer[] := '{}';
-    -- The successes waiting for idempotency_succeed_together (positions,
-    -- ascending), when keys are together.
-    v_succ          integer[] := '{}';
+    r          idempotency_keys;
+    v_now      timestamptz;
+    v_tenant   text;
+    v_scope    text;
+    v_key      text;
+    v_together boolean := NOT p_completes_alone
+                          AND idempotency_keys_ascending(p_tenant, p_scope, p_key);
+    v_new      integer[] := '{}';
+    v_succ     integer[] := '{}';
 BEGIN
-    FOR i IN 2 .. v_calls LOOP
-        EXIT WHEN NOT v_together;
-        v_together := (p_tenant[i - 1] COLLATE "C", p_scope[i - 1] COLLATE "C", p_key[i - 1] COLLATE "C")
-                    < (p_tenant[i] COLLATE "C", p_scope[i] COLLATE "C", p_key[i] COLLATE "C");
-    END LOOP;
-    FOR i IN 1 .. v_calls LOOP
-        ord := i;
-        decision := NULL;
-        retry_after_ms := NULL;
-        outcome := NULL;
-        v_tenant := p_tenant[i];
-        v_scope := p_scope[i];
-        v_key := p_key[i];
+    FOR i IN 1 .. coalesce(array_length(p_key, 1), 0) LOOP
+        ord := i; decision := NULL; retry_after_ms := NULL; outcome := NULL;
+        v_tenant := p_tenant[i]; v_scope := p_scope[i]; v_key := p_key[i];
         IF NOT p_acquire[i] THEN
             IF p_outcome[i] = 'SUCCESS' AND v_together THEN
                 v_succ := v_succ || i;
                 CONTINUE;
             ELSIF p_outcome[i] = 'SUCCESS' AND NOT p_completes_alone THEN
-                v_result := p_result[i];
-                v_content_type := p_content_type[i];
-                v_status_code := p_status_code[i];
-                v_result_ref := p_result_ref[i];
-                v_token := p_token[i];
-                v_now := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
-                UPDATE idempotency_keys k SET
-                    status = 'SUCCEEDED', lease_outcome = 'SUCCESS',
-                    lease_expires_at = NULL, next_retry_at = NULL,
-                    result = v_result, result_content_type = v_content_type,
-                    result_status_code = v_status_code, result_ref = v_result_ref,
-                    completed_at = v_now, updated_at = v_now, expires_at = v_now + k.retention
-                 WHERE k.tenant = v_tenant AND k.scope = v_scope AND k.idempotency_key = v_key
-                   AND k.lease_token = v_token AND k.lease_outcome IS NULL
-                   AND k.expires_at > v_now AND k.updated_at <= v_now
-                RETURNING * INTO rec;
-                IF FOUND THEN
-                    IF rec.watch_until > v_now THEN
-                        PERFORM idempotency_notify_if_watched(rec, v_now);
-                    END IF;
-                    outcome := 'OK';
-                    RETURN NEXT;
-                    CONTINUE;
-                END IF;
+                rec := idempotency_succeed_alone(v_tenant, v_scope, v_key, p_token[i],
+                                                 p_result[i], p_content_type[i],
+                                                 p_status_code[i], p_result_ref[i],
+                                                 p_clock_offset_ms);
+                outcome := CASE WHEN rec.tenant IS NOT NULL THEN 'OK' END;
             END IF;
         ELSE
             SELECT * INTO r FROM idempotency_keys k
@@ -307,79 +285,194 @@ BEGIN
                 v_new := v_new || i;
                 CONTINUE;
             ELSIF NOT FOUND THEN
-                v_retention := p_retention_ms[i] * interval '1 millisecond';
-                v_lease := p_lease_ms[i] * interval '1 millisecond';
-                v_fingerprint := p_fingerprint[i];
-                v_max_attempts := p_max_attempts[i];
-                v_request_id := p_request_id[i];
-                v_lease_expires := v_now + v_lease;
-                v_expires := v_now + greatest(v_retention, v_lease);
-                INSERT INTO idempotency_keys (
-                    tenant, scope, idempotency_key, status, fingerprint,
-                    attempt_count, max_attempts, retention,
-                    lease_token, lease_request_id, lease_expires_at, fencing_token,
-                    created_at, updated_at, expires_at)
-                VALUES (
-                    v_tenant, v_scope, v_key, 'PROCESSING', v_fingerprint,
-                    1, v_max_attempts, v_retention,
-                    gen_random_uuid(), v_request_id,
-                    v_lease_expires, nextval('idempotency_fencing'),
-                    v_now, v_now, v_expires)
-                ON CONFLICT (tenant, scope, idempotency_key) DO NOTHING
-                RETURNING * INTO rec;
-                IF FOUND THEN
-                    decision := 'PROCEED';
-                    RETURN NEXT;
-                    CONTINUE;
-                END IF;
+                rec := idempotency_create_alone(v_tenant, v_scope, v_key, p_fingerprint[i],
+                                                p_request_id[i], p_lease_ms[i],
+                                                p_max_attempts[i], p_retention_ms[i], v_now);
+                decision := CASE WHEN rec.tenant IS NOT NULL THEN 'PROCEED' END;
             ELSIF r.expires_at > v_now THEN
                 decision := idempotency_final_decision(r, p_fingerprint[i]);
-                IF decision IS NOT NULL THEN
-                    rec := r;
-                    RETURN NEXT;
-                    CONTINUE;
-                END IF;
+                rec := r;
             END IF;
         END IF;
-        -- Call i runs its single-call function, which locks its row: the
-        -- successes before it are recorded first, so rows stay locked in
-        -- key order.
-        IF cardinality(v_succ) > 0 THEN
-            RETURN QUERY SELECT * FROM idempotency_succeed_together(
-                v_succ, p_tenant, p_scope, p_key, p_token, p_result, p_content_type,
-                p_status_code, p_result_ref, p_clock_offset_ms);
-            v_succ := '{}';
+        -- Answered here, or else by the call's single-call function.
+        IF decision IS NOT NULL OR outcome IS NOT NULL THEN
+            RETURN NEXT;
+            CONTINUE;
         END IF;
-        IF p_acquire[i] THEN
-            RETURN QUERY
-                SELECT i, a.decision, a.retry_after_ms, NULL::text, a.rec
-                  FROM idempotency_acquire(p_tenant[i], p_scope[i], p_key[i], p_fingerprint[i],
-                                           p_request_id[i], p_lease_ms[i], p_max_attempts[i],
-                                           p_retention_ms[i], p_watch_ms[i], p_clock_offset_ms) a;
-        ELSE
-            RETURN QUERY
-                SELECT i, NULL::text, NULL::bigint, c.outcome, c.rec
-                  FROM idempotency_complete(p_tenant[i], p_scope[i], p_key[i], p_token[i],
-                                            p_outcome[i], p_result[i], p_content_type[i],
-                                            p_status_code[i], p_result_ref[i], p_error[i],
-                                            p_permanent[i], p_retry_after_ms[i],
-                                            p_backoff_base_ms[i], p_backoff_cap_ms[i],
-                                            p_clock_offset_ms) c;
-        END IF;
+        RETURN QUERY SELECT * FROM idempotency_call_alone(
+            i, v_succ, p_acquire, p_tenant, p_scope, p_key, p_fingerprint, p_request_id, p_lease_ms,
+            p_max_attempts, p_retention_ms, p_watch_ms, p_token, p_outcome, p_result,
+            p_content_type, p_status_code, p_result_ref, p_error, p_permanent,
+            p_retry_after_ms, p_backoff_base_ms, p_backoff_cap_ms, p_clock_offset_ms);
+        v_succ := '{}';
     END LOOP;
     IF cardinality(v_succ) > 0 THEN
         RETURN QUERY SELECT * FROM idempotency_succeed_together(
             v_succ, p_tenant, p_scope, p_key, p_token, p_result, p_content_type,
             p_status_code, p_result_ref, p_clock_offset_ms);
     END IF;
-    -- The new keys, created in key order; each row comes back with its
-    -- call's position looked up among the (distinct) keys waiting here.
-    IF cardinality(v_new) = 0 THEN
-        RETURN;
+    IF cardinality(v_new) > 0 THEN
+        RETURN QUERY SELECT * FROM idempotency_create_together(
+            v_new, p_tenant, p_scope, p_key, p_fingerprint, p_request_id, p_lease_ms,
+            p_max_attempts, p_retention_ms, p_clock_offset_ms);
     END IF;
+END;
+$$;
+
+-- A holder's success, for a batch whose keys are not together: the
+-- record as updated, or NULL when the conditions (above) do not hold and
+-- idempotency_complete must decide.
+CREATE OR REPLACE FUNCTION idempotency_succeed_alone(
+    p_tenant          text,
+    p_scope           text,
+    p_key             text,
+    p_token           uuid,
+    p_result          bytea,
+    p_content_type    text,
+    p_status_code     integer,
+    p_result_ref      text,
+    p_clock_offset_ms bigint
+)
+RETURNS idempotency_keys
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
+    r     idempotency_keys;
+BEGIN
+    UPDATE idempotency_keys k SET
+        status = 'SUCCEEDED', lease_outcome = 'SUCCESS',
+        lease_expires_at = NULL, next_retry_at = NULL,
+        result = p_result, result_content_type = p_content_type,
+        result_status_code = p_status_code, result_ref = p_result_ref,
+        completed_at = v_now, updated_at = v_now, expires_at = v_now + k.retention
+     WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
+       AND k.lease_token = p_token AND k.lease_outcome IS NULL
+       AND k.expires_at > v_now AND k.updated_at <= v_now
+    RETURNING * INTO r;
+    IF r.watch_until > v_now THEN
+        PERFORM idempotency_notify_if_watched(r, v_now);
+    END IF;
+    RETURN r;
+END;
+$$;
+
+-- A new key's record, for a batch whose keys are not together, as of
+-- p_now (the clock read after the batch found no row): the record, or NULL
+-- when another transaction created it meanwhile and idempotency_acquire
+-- must decide.
+CREATE OR REPLACE FUNCTION idempotency_create_alone(
+    p_tenant       text,
+    p_scope        text,
+    p_key          text,
+    p_fingerprint  text,
+    p_request_id   text,
+    p_lease_ms     bigint,
+    p_max_attempts integer,
+    p_retention_ms bigint,
+    p_now          timestamptz
+)
+RETURNS idempotency_keys
+LANGUAGE plpgsql AS $$
+DECLARE
+    r idempotency_keys;
+BEGIN
+    INSERT INTO idempotency_keys (
+        tenant, scope, idempotency_key, status, fingerprint,
+        attempt_count, max_attempts, retention,
+        lease_token, lease_request_id, lease_expires_at, fencing_token,
+        created_at, updated_at, expires_at)
+    VALUES (
+        p_tenant, p_scope, p_key, 'PROCESSING', p_fingerprint,
+        1, p_max_attempts, p_retention_ms * interval '1 millisecond',
+        gen_random_uuid(), p_request_id,
+        p_now + p_lease_ms * interval '1 millisecond', nextval('idempotency_fencing'),
+        p_now, p_now, p_now + greatest(p_retention_ms, p_lease_ms) * interval '1 millisecond')
+    ON CONFLICT (tenant, scope, idempotency_key) DO NOTHING
+    RETURNING * INTO r;
+    RETURN r;
+END;
+$$;
+
+-- Call p_i of a batch by its single-call function (idempotency_acquire or
+-- idempotency_complete), its rows tagged as the batch's. The function locks
+-- the call's row: the successes set aside before it (p_succ) are recorded
+-- first, so rows stay locked in key order.
+CREATE OR REPLACE FUNCTION idempotency_call_alone(
+    p_i               integer,
+    p_succ            integer[],
+    p_acquire         boolean[],
+    p_tenant          text[],
+    p_scope           text[],
+    p_key             text[],
+    p_fingerprint     text[],
+    p_request_id      text[],
+    p_lease_ms        bigint[],
+    p_max_attempts    integer[],
+    p_retention_ms    bigint[],
+    p_watch_ms        bigint[],
+    p_token           uuid[],
+    p_outcome         text[],
+    p_result          bytea[],
+    p_content_type    text[],
+    p_status_code     integer[],
+    p_result_ref      text[],
+    p_error           text[],
+    p_permanent       boolean[],
+    p_retry_after_ms  bigint[],
+    p_backoff_base_ms bigint[],
+    p_backoff_cap_ms  bigint[],
+    p_clock_offset_ms bigint
+)
+RETURNS TABLE (ord integer, decision text, retry_after_ms bigint, outcome text,
+               rec idempotency_keys)
+LANGUAGE plpgsql AS $$
+DECLARE
+    i integer := p_i;
+BEGIN
+    IF cardinality(p_succ) > 0 THEN
+        RETURN QUERY SELECT * FROM idempotency_succeed_together(
+            p_succ, p_tenant, p_scope, p_key, p_token, p_result, p_content_type,
+            p_status_code, p_result_ref, p_clock_offset_ms);
+    END IF;
+    IF p_acquire[i] THEN
+        RETURN QUERY
+            SELECT i, a.decision, a.retry_after_ms, NULL::text, a.rec
+              FROM idempotency_acquire(p_tenant[i], p_scope[i], p_key[i], p_fingerprint[i],
+                                       p_request_id[i], p_lease_ms[i], p_max_attempts[i],
+                                       p_retention_ms[i], p_watch_ms[i], p_clock_offset_ms) a;
+    ELSE
+        RETURN QUERY
+            SELECT i, NULL::text, NULL::bigint, c.outcome, c.rec
+              FROM idempotency_complete(p_tenant[i], p_scope[i], p_key[i], p_token[i],
+                                        p_outcome[i], p_result[i], p_content_type[i],
+                                        p_status_code[i], p_result_ref[i], p_error[i],
+                                        p_permanent[i], p_retry_after_ms[i],
+                                        p_backoff_base_ms[i], p_backoff_cap_ms[i],
+                                        p_clock_offset_ms) c;
+    END IF;
+END;
+$$;
+
+-- The new keys set aside by the batch (positions p_new, ascending),
+-- created in key order by one INSERT, each row tagged with its call's
+-- position, looked up among the (distinct) keys waiting here.
+CREATE OR REPLACE FUNCTION idempotency_create_together(
+    p_new             integer[],
+    p_tenant          text[],
+    p_scope           text[],
+    p_key             text[],
+    p_fingerprint     text[],
+    p_request_id      text[],
+    p_lease_ms        bigint[],
+    p_max_attempts    integer[],
+    p_retention_ms    bigint[],
+    p_clock_offset_ms bigint
+)
+RETURNS TABLE (ord integer, decision text, retry_after_ms bigint, outcome text,
+               rec idempotency_keys)
+LANGUAGE plpgsql AS $$
+BEGIN
     decision := 'PROCEED';
-    retry_after_ms := NULL;
-    outcome := NULL;
     FOR rec IN
         INSERT INTO idempotency_keys AS k (
             tenant, scope, idempotency_key, status, fingerprint,
@@ -392,12 +485,12 @@ BEGIN
                t.now + p_lease_ms[n.i] * interval '1 millisecond', nextval('idempotency_fencing'),
                t.now, t.now,
                t.now + greatest(p_retention_ms[n.i], p_lease_ms[n.i]) * interval '1 millisecond'
-          FROM unnest(v_new) WITH ORDINALITY AS n(i, pos),
+          FROM unnest(p_new) WITH ORDINALITY AS n(i, pos),
                LATERAL (SELECT clock_timestamp() + p_clock_offset_ms * interval '1 millisecond') t(now)
          ORDER BY n.pos
         RETURNING k.*
     LOOP
-        FOREACH ord IN ARRAY v_new LOOP
+        FOREACH ord IN ARRAY p_new LOOP
             EXIT WHEN p_key[ord] = rec.idempotency_key AND p_scope[ord] = rec.scope
                   AND p_tenant[ord] = rec.tenant;
         END LOOP;

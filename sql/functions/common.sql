@@ -51,3 +51,34 @@ BEGIN
               HINT = 'On Citus a shard moved meanwhile. Retry the call.';
 END;
 $$;
+
+-- idempotency_open_record: how every call on one record that holder or
+-- administrator makes begins (idempotency_complete, idempotency_extend_lease,
+-- idempotency_admin_act). The record is locked (FOR UPDATE, held until the
+-- transaction ends), then the clock read (after the lock, see above); the
+-- outcome is 'NOT_FOUND' when there is no record or it has expired,
+-- 'LEASE_LOST' when p_token is given and is not the latest lease's token,
+-- else NULL: the caller goes on with rec as of now.
+CREATE OR REPLACE FUNCTION idempotency_open_record(
+    p_tenant          text,
+    p_scope           text,
+    p_key             text,
+    p_token           uuid,
+    p_clock_offset_ms bigint,
+    OUT outcome       text,
+    OUT now           timestamptz,
+    OUT rec           idempotency_keys
+)
+LANGUAGE plpgsql AS $$
+BEGIN
+    SELECT * INTO rec FROM idempotency_keys k
+     WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
+       FOR UPDATE;
+    now := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
+    IF NOT FOUND OR rec.expires_at <= now THEN
+        outcome := 'NOT_FOUND';
+    ELSIF rec.lease_token <> p_token THEN
+        outcome := 'LEASE_LOST';
+    END IF;
+END;
+$$;

@@ -34,25 +34,19 @@ CREATE OR REPLACE FUNCTION idempotency_complete(
 RETURNS TABLE (outcome text, rec idempotency_keys)
 LANGUAGE plpgsql AS $$
 DECLARE
+    o       record;
     r       idempotency_keys;
     v_now   timestamptz;
     v_delay bigint;
 BEGIN
-    SELECT * INTO r FROM idempotency_keys k
-     WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
-       FOR UPDATE;
-    v_now := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
-
-    IF NOT FOUND OR r.expires_at <= v_now THEN
-        outcome := 'NOT_FOUND';
+    o := idempotency_open_record(p_tenant, p_scope, p_key, p_token, p_clock_offset_ms);
+    IF o.outcome IS NOT NULL THEN
+        outcome := o.outcome;
         RETURN NEXT;
         RETURN;
     END IF;
-    IF r.lease_token <> p_token THEN
-        outcome := 'LEASE_LOST';
-        RETURN NEXT;
-        RETURN;
-    END IF;
+    r := o.rec;
+    v_now := o.now;
     IF r.lease_outcome IS NOT NULL THEN
         outcome := CASE WHEN r.lease_outcome = p_outcome THEN 'OK' ELSE 'ALREADY_COMPLETED' END;
         rec := r;
@@ -70,9 +64,6 @@ BEGIN
          WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
            AND k.updated_at = r.updated_at
         RETURNING * INTO r;
-        IF NOT FOUND THEN
-            PERFORM idempotency_changed_meanwhile();
-        END IF;
     ELSIF p_outcome = 'FAILURE' AND (p_permanent OR r.attempt_count >= r.max_attempts) THEN
         UPDATE idempotency_keys k SET
             status = 'FAILED_PERMANENT', lease_outcome = 'FAILURE',
@@ -82,9 +73,6 @@ BEGIN
          WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
            AND k.updated_at = r.updated_at
         RETURNING * INTO r;
-        IF NOT FOUND THEN
-            PERFORM idempotency_changed_meanwhile();
-        END IF;
     ELSIF p_outcome = 'FAILURE' THEN
         -- The exponent is capped so that a large base cannot overflow float8;
         -- 2^40 already exceeds any sensible cap.
@@ -101,9 +89,6 @@ BEGIN
          WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
            AND k.updated_at = r.updated_at
         RETURNING * INTO r;
-        IF NOT FOUND THEN
-            PERFORM idempotency_changed_meanwhile();
-        END IF;
     ELSIF p_outcome = 'RELEASE' THEN
         UPDATE idempotency_keys k SET
             status = 'FAILED', lease_outcome = 'RELEASE',
@@ -113,11 +98,12 @@ BEGIN
          WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
            AND k.updated_at = r.updated_at
         RETURNING * INTO r;
-        IF NOT FOUND THEN
-            PERFORM idempotency_changed_meanwhile();
-        END IF;
     ELSE
         RAISE EXCEPTION 'idempotency_complete: unknown outcome %', p_outcome;
+    END IF;
+    -- Each UPDATE above applies to the row as read under the lock.
+    IF NOT FOUND THEN
+        PERFORM idempotency_changed_meanwhile();
     END IF;
 
     PERFORM idempotency_notify_if_watched(r, v_now);

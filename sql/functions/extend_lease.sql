@@ -21,25 +21,19 @@ CREATE OR REPLACE FUNCTION idempotency_extend_lease(
 RETURNS TABLE (outcome text, rec idempotency_keys)
 LANGUAGE plpgsql AS $$
 DECLARE
+    o        record;
     r        idempotency_keys;
     v_now    timestamptz;
     v_expiry timestamptz;
 BEGIN
-    SELECT * INTO r FROM idempotency_keys k
-     WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
-       FOR UPDATE;
-    v_now := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
-
-    IF NOT FOUND OR r.expires_at <= v_now THEN
-        outcome := 'NOT_FOUND';
+    o := idempotency_open_record(p_tenant, p_scope, p_key, p_token, p_clock_offset_ms);
+    IF o.outcome IS NOT NULL THEN
+        outcome := o.outcome;
         RETURN NEXT;
         RETURN;
     END IF;
-    IF r.lease_token <> p_token THEN
-        outcome := 'LEASE_LOST';
-        RETURN NEXT;
-        RETURN;
-    END IF;
+    r := o.rec;
+    v_now := o.now;
     IF r.lease_outcome IS NOT NULL OR r.status <> 'PROCESSING' OR r.lease_expires_at <= v_now THEN
         outcome := 'LEASE_EXPIRED';
         RETURN NEXT;

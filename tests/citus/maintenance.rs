@@ -344,3 +344,125 @@ async fn what_a_departed_subscriber_was_offered_is_offered_again() {
     }
     assert!(taken.is_subset(&got));
 }
+
+/// What the maintenance decided about each record, in key order: the
+/// columns the sweep and the recovery feed's claim write, without the
+/// instants (each side reads its own clock).
+async fn decided(client: &tokio_postgres::Client) -> Vec<(String, String, i32, bool, String)> {
+    let rows = client
+        .query(
+            "SELECT idempotency_key, status, attempt_count, next_retry_at IS NOT NULL, last_error
+               FROM idempotency_keys ORDER BY idempotency_key COLLATE \"C\"",
+            &[],
+        )
+        .await
+        .expect("read the records");
+    rows.iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+        .collect()
+}
+
+/// A database on the single PostgreSQL the API tests use, migrated, with a
+/// copy of every record of the cluster as its coordinator reads it.
+async fn single_node_copy(app: &CitusApp) -> (TestDatabase, tokio_postgres::Client) {
+    let plain = TestDatabase::create().await;
+    let mut client = plain.connect().await;
+    idempotency_coordinator::store::migrate::migrate(&mut client)
+        .await
+        .expect("migrate the single-node copy");
+    let rows = app
+        .db
+        .connect()
+        .await
+        .query("SELECT row_to_json(k)::text FROM idempotency_keys k", &[])
+        .await
+        .expect("read the cluster's records");
+    for row in rows {
+        let record: String = row.get(0);
+        client
+            .execute(
+                "INSERT INTO idempotency_keys
+                 SELECT * FROM json_populate_record(NULL::idempotency_keys, $1::text::json)",
+                &[&record],
+            )
+            .await
+            .expect("copy a record");
+    }
+    (plain, client)
+}
+
+/// The keys a claim of the recovery feed offered, sorted.
+async fn claimed(client: &tokio_postgres::Client, function: &str, offset_ms: i64) -> Vec<String> {
+    let subscriber = uuid::Uuid::new_v4();
+    let rows = client
+        .query(
+            &format!("SELECT idempotency_key FROM {function}(NULL, NULL, $1, 60000, 100, $2)"),
+            &[&subscriber, &offset_ms],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{function}: {e}"));
+    let mut keys: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    keys.sort();
+    keys
+}
+
+/// The conformance of the Citus maintenance functions
+/// (sql/citus/maintenance.sql: the sweep shard by shard, the claim key by
+/// key) with the single-node ones (sql/functions/sweep.sql, due.sql): the
+/// same records, copied to one PostgreSQL, get the same claims, the same
+/// counts and the same records after sweeping.
+#[tokio::test]
+async fn the_cluster_sweeps_and_claims_as_one_postgresql_does_on_the_same_records() {
+    let Some(app) = spawn_citus_app_with(without_sweeper).await else {
+        return;
+    };
+    for key in spread(&app, "gone").await {
+        done(&app, &key, 60).await;
+    }
+    for key in spread(&app, "dead").await {
+        held(&app, &key, 5).await;
+    }
+    done(&app, "kept", 3600).await;
+    held(&app, "busy", 3600).await;
+    failed_due(&app, "due").await;
+    app.clock.advance(Duration::from_secs(61));
+    let offset = app.clock.offset_ms();
+    let (_plain, single) = single_node_copy(&app).await;
+    let cluster = app.db.connect().await;
+    assert_eq!(decided(&cluster).await, decided(&single).await, "the copy");
+
+    let on_cluster = claimed(&cluster, "idempotency_claim_due_by_key", offset).await;
+    let on_single = claimed(&single, "idempotency_claim_due", offset).await;
+    assert_eq!(on_cluster.len(), 9, "the dead leases and `due`");
+    assert_eq!(on_cluster, on_single);
+
+    let mut c = app.client.clone();
+    let sweep_single = |dry_run: bool| {
+        let single = &single;
+        async move {
+            let row = single
+                .query_one(
+                    "SELECT expired_deleted, leases_reclaimed
+                       FROM idempotency_sweep_batch(NULL, 1000, $1, false, $2)",
+                    &[&dry_run, &offset],
+                )
+                .await
+                .expect("sweep the single-node copy");
+            let count = |i: usize| u64::try_from(row.get::<_, i64>(i)).expect("a count");
+            (count(0), count(1))
+        }
+    };
+    let dry = c.sweep(sweep_req(true, 0)).await.unwrap().into_inner();
+    assert_eq!(
+        (dry.expired_deleted, dry.leases_reclaimed),
+        sweep_single(true).await
+    );
+    let swept = c.sweep(sweep_req(false, 0)).await.unwrap().into_inner();
+    assert_eq!((swept.expired_deleted, swept.leases_reclaimed), (8, 8));
+    assert_eq!((8, 8), sweep_single(false).await);
+    assert_eq!(
+        decided(&cluster).await,
+        decided(&single).await,
+        "after sweeping"
+    );
+}
