@@ -65,10 +65,12 @@ use super::shards::{self, Routes, ShardMap};
 
 mod company;
 mod take;
+mod wait;
 
 use company::Company;
 pub(super) use company::replicas;
 use take::{Flight, take};
+pub(super) use wait::in_time_for;
 
 /// One call's arguments, owned so it can wait in the queue.
 pub(super) trait Call: Send + Sync + Sized + 'static {
@@ -478,8 +480,8 @@ async fn run_group<C: Call>(
     let stamp = stamp_by(settings, answer_by);
     if batch.len() <= 1 {
         if let Some(alone) = batch.pop() {
-            let answer =
-                in_time_for(mux, shared, limit, answer_by, alone.call.one(shared, stamp)).await;
+            let one = alone.call.one(shared, stamp);
+            let answer = in_time_for(mux, shared, limit, answer_by, one).await;
             alone.answer(1, answer);
         }
         return;
@@ -487,14 +489,8 @@ async fn run_group<C: Call>(
     batch.sort_by(|a, b| a.call.row_key().cmp(&b.call.row_key()));
     let calls: Vec<&C> = batch.iter().map(|p| &p.call).collect();
     let route = calls.first().filter(|_| routed).map(|c| c.row_key().2);
-    let rows = in_time_for(
-        mux,
-        shared,
-        limit,
-        answer_by,
-        C::many(&calls, route, shared, stamp),
-    )
-    .await;
+    let many = C::many(&calls, route, shared, stamp);
+    let rows = in_time_for(mux, shared, limit, answer_by, many).await;
     drop(calls);
     let rows = match rows {
         Ok(rows) => rows,
@@ -543,47 +539,6 @@ async fn run_group<C: Call>(
         Err(e) => fail_all(batch, e),
     }
 }
-
-/// How long before `answer_by` the wait for a statement ends at most (a
-/// tenth of the time left, if less): the time to carry the answer out.
-const ANSWER_MARGIN: Duration = Duration::from_millis(50);
-
-/// `work` (a statement on `shared`) waited for within `query_timeout`,
-/// as `Mux::in_time` does (a connection that does not answer in that time
-/// is retired), and at most until shortly before `answer_by`
-/// ([`ANSWER_MARGIN`]), when the first of its callers stops waiting (the
-/// moment admission answers DEADLINE_EXCEEDED). A node that stops
-/// answering (its packets dropped) is thus answered UNAVAILABLE within the
-/// caller's deadline, rather than the caller hearing DEADLINE_EXCEEDED
-/// because the wait and admission's timer ran out together; the statement,
-/// stamped to roll back by then (`stamp_by`), cannot commit unheard. A
-/// connection is not retired for a caller's short deadline: its statement
-/// may just be waiting for a lock.
-pub(super) async fn in_time_for<T>(
-    mux: &Mux,
-    shared: &Arc<Shared>,
-    query_timeout: Duration,
-    answer_by: Option<Instant>,
-    work: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    let left = answer_by.map(|at| {
-        let left = at.saturating_duration_since(Instant::now());
-        left.saturating_sub((left / 10).min(ANSWER_MARGIN))
-    });
-    match left.filter(|left| *left < query_timeout) {
-        None => mux.in_time(shared, query_timeout, work).await,
-        Some(left) => match tokio::time::timeout(left, work).await {
-            Ok(done) => done,
-            Err(_) => Err(StoreError::Unavailable(Box::new(PastDeadline(left)))),
-        },
-    }
-}
-
-/// Why a call whose statement had not answered by its caller's deadline
-/// was answered UNAVAILABLE.
-#[derive(Debug, thiserror::Error)]
-#[error("the database did not answer within the caller's deadline ({0:?})")]
-struct PastDeadline(Duration);
 
 /// The stamp of a statement sent now for calls the first of whose callers
 /// stops waiting at `answer_by`. One caller's short deadline thus bounds its
