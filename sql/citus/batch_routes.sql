@@ -2,38 +2,47 @@
 -- delegable. idempotency_call_batch takes arrays of keys, which Citus cannot
 -- route; idempotency_call_batch_at adds a scalar routing argument, p_route
 -- (a key of the batch), and is distributed by it, colocated with
--- idempotency_keys. Citus then sends the whole call to the
--- node holding p_route's shard, where it runs as on one PostgreSQL.
+-- idempotency_keys. Called on the node holding p_route's shard (the
+-- server sends each node's share of a batch straight there, src/store/shards.rs)
+-- it runs there as on one PostgreSQL; called on another node, Citus sends
+-- it whole to that node.
 --
--- The server sends a wrapper only keys that live on one node (it groups a
--- batch's calls by node, src/store/shards.rs). Every statement of the batch
--- then finds its shard on that node, whichever of the node's shards it is,
--- and Citus runs it there (local execution): one local transaction, one
--- commit. A key that lives elsewhere (the server's map of shards was stale)
--- is still routed right by Citus from that node, in a distributed
--- transaction: slower (a hop, two-phase commit), never a wrong answer.
+-- Its statements run on the shards' own tables. Citus plans and executes
+-- every statement on a distributed table itself (a distributed plan, its
+-- shard pruned per call, a local plan looked up, its bookkeeping per
+-- statement) even where it caches the shard's plan, and that was most of a
+-- worker's CPU per call (docs/scaling.md). So for each key whose shard
+-- this node holds, the batch reads and writes that shard's table
+-- (idempotency_keys_<shard id>) through statements prepared once per
+-- session (idempotency_shard_statements): plain PostgreSQL, one cached
+-- plan each. The guard that keeps this correct while shards move
+-- (idempotency_local_shards): the batch takes the lock Citus's own writes
+-- take on each of its shards' metadata (ShareLock, the lock a shard move
+-- or split takes exclusively before it switches the shard over), and only
+-- then reads whether this node's group holds the shard's placement. A
+-- move waits for the batch's commit (the writes on the old placement are
+-- copied by the move's replication like any other); a batch behind a
+-- finished move reads that the shard is elsewhere. A key whose shard is
+-- not here (the server's map of shards was stale, or the call came
+-- through the coordinator node) runs on the distributed table as before:
+-- Citus routes it, slower, never wrong.
 --
--- The batch is a loop of single-key statements, one key each, and none of
--- them calls a volatile function: Citus caches a shard's plan only for a
--- statement on one shard with no volatile call inside (clock_timestamp(),
--- gen_random_uuid(), nextval()); any other statement (a set-based one over
--- keys of several shards, an INSERT drawing its token in place) is
--- deparsed, parsed and planned anew for its shard every time it runs. So a
--- new key's token and fencing token are drawn into variables before its
--- INSERT. The decisions are idempotency_call_batch's on one PostgreSQL
+-- The decisions are idempotency_call_batch's on one PostgreSQL
 -- (sql/functions/batches.sql) for keys that cannot be created together: a
 -- new key is created by the loop's INSERT, a live record with a final
 -- answer is answered from the loop's read, a holder's success is recorded
 -- by the loop's UPDATE (its conditions and clock are the batch's), every
 -- other Acquire runs idempotency_acquire and every other Complete
--- idempotency_complete (whose statements are all single-key and
--- cacheable). The success UPDATE sets expires_at to the clock plus the
--- row's retention as to_timestamp(v_epoch + extract(epoch FROM
--- k.retention)), v_epoch the clock in seconds: one PostgreSQL's
--- `v_now + k.retention` is a STABLE operator over a column, which Citus
--- refuses in an UPDATE of a distributed table, and these functions are
--- immutable. The same instant: retention is whole milliseconds (the server
--- sends milliseconds), and to_timestamp rounds to the microsecond.
+-- idempotency_complete. A new key's token and fencing token are drawn into
+-- variables before its INSERT (on the distributed table Citus caches no
+-- plan of a statement with a volatile call inside). The distributed
+-- table's success UPDATE sets expires_at to the clock plus the row's
+-- retention as to_timestamp(v_epoch + extract(epoch FROM k.retention)),
+-- v_epoch the clock in seconds: `v_now + k.retention` is a STABLE operator
+-- over a column, which Citus refuses in an UPDATE of a distributed table.
+-- The same instant: retention is whole milliseconds (the server sends
+-- milliseconds), and to_timestamp rounds to the microsecond. The shard's
+-- UPDATE is PostgreSQL's and says `v_now + k.retention`.
 --
 -- The deadline check is inside: Citus delegates a call with no subquery
 -- alongside it (a parameter in one is sent as `$0`, which the node does not
@@ -50,6 +59,101 @@
 -- Applied at every migration of a Citus database (src/store/migrate.rs),
 -- after sql/citus/delegate_functions.sql. CREATE OR REPLACE keeps a
 -- function delegated; each is distributed where it is not yet.
+
+-- The shard of each key of p_key, in order, where this node holds it, else
+-- NULL; every shard's metadata is locked (ShareLock, in shard order) until
+-- the transaction ends, so that none moves before it commits.
+CREATE OR REPLACE FUNCTION idempotency_local_shards(p_key text[])
+RETURNS bigint[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_shards bigint[];
+    v_here   bigint[];
+BEGIN
+    SELECT array_agg(get_shard_id_for_distribution_column('idempotency_keys', u.k) ORDER BY u.o)
+      INTO v_shards
+      FROM unnest(p_key) WITH ORDINALITY u(k, o);
+    IF v_shards IS NULL THEN
+        RETURN v_shards;
+    END IF;
+    -- 5: ShareLock, as Citus's executor takes it for a write of the shard.
+    PERFORM lock_shard_metadata(5, ARRAY(SELECT DISTINCT s FROM unnest(v_shards) s ORDER BY s));
+    SELECT array_agg(p.shardid)
+      INTO v_here
+      FROM pg_dist_placement p
+     WHERE p.shardid = ANY (v_shards) AND p.shardstate = 1
+       AND p.groupid = (SELECT groupid FROM pg_dist_local_group);
+    RETURN ARRAY(SELECT CASE WHEN u.s = ANY (v_here) THEN u.s END
+                   FROM unnest(v_shards) WITH ORDINALITY u(s, o) ORDER BY u.o);
+END;
+$$;
+
+-- Prepares, once per session, the batch's three statements on the table of
+-- each shard of p_shards (NULLs skipped): idempotency_sel_<shard>,
+-- idempotency_ins_<shard> and idempotency_upd_<shard>, the read, the new
+-- record and the success of the loop below. The session's setting
+-- idempotency.prepared_shards lists the shards whose statements it has
+-- (`,<shard>,` each), so a batch reads no more than that; a shard not
+-- listed is looked up in pg_prepared_statements, name by name, since a
+-- prepared statement outlives a rolled-back transaction and the setting
+-- does not.
+CREATE OR REPLACE FUNCTION idempotency_shard_statements(p_shards bigint[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_listed text := coalesce(current_setting('idempotency.prepared_shards', true), '');
+    v_have   text[];
+    v_shard  bigint;
+    v_table  text;
+BEGIN
+    FOR v_shard IN SELECT DISTINCT s FROM unnest(p_shards) s WHERE s IS NOT NULL LOOP
+        CONTINUE WHEN strpos(v_listed, ',' || v_shard || ',') > 0;
+        SELECT array_agg(name) INTO v_have
+          FROM pg_prepared_statements
+         WHERE name IN ('idempotency_sel_' || v_shard, 'idempotency_ins_' || v_shard,
+                        'idempotency_upd_' || v_shard);
+        v_have := coalesce(v_have, '{}');
+        v_table := 'idempotency_keys_' || v_shard;
+        IF NOT 'idempotency_ins_' || v_shard = ANY (v_have) THEN
+            EXECUTE format(
+                'PREPARE %I (text, text, text, text, integer, interval, uuid, text,'
+                '            timestamptz, bigint, timestamptz, timestamptz) AS '
+                'INSERT INTO %I AS k ('
+                '    tenant, scope, idempotency_key, status, fingerprint,'
+                '    attempt_count, max_attempts, retention,'
+                '    lease_token, lease_request_id, lease_expires_at, fencing_token,'
+                '    created_at, updated_at, expires_at)'
+                ' VALUES ($1, $2, $3, ''PROCESSING'', $4, 1, $5, $6, $7, $8, $9, $10,'
+                '         $11, $11, $12)'
+                ' ON CONFLICT (tenant, scope, idempotency_key) DO NOTHING RETURNING *',
+                'idempotency_ins_' || v_shard, v_table);
+        END IF;
+        IF NOT 'idempotency_upd_' || v_shard = ANY (v_have) THEN
+            EXECUTE format(
+                'PREPARE %I (text, text, text, uuid, bytea, text, integer, text, timestamptz) AS '
+                'UPDATE %I AS k SET'
+                '    status = ''SUCCEEDED'', lease_outcome = ''SUCCESS'','
+                '    lease_expires_at = NULL, next_retry_at = NULL,'
+                '    result = $5, result_content_type = $6,'
+                '    result_status_code = $7, result_ref = $8,'
+                '    completed_at = $9, updated_at = $9, expires_at = $9 + k.retention'
+                ' WHERE k.tenant = $1 AND k.scope = $2 AND k.idempotency_key = $3'
+                '   AND k.lease_token = $4 AND k.lease_outcome IS NULL'
+                '   AND k.expires_at > $9 AND k.updated_at <= $9'
+                ' RETURNING *',
+                'idempotency_upd_' || v_shard, v_table);
+        END IF;
+        IF NOT 'idempotency_sel_' || v_shard = ANY (v_have) THEN
+            EXECUTE format(
+                'PREPARE %I (text, text, text) AS SELECT * FROM %I AS k'
+                ' WHERE k.tenant = $1 AND k.scope = $2 AND k.idempotency_key = $3',
+                'idempotency_sel_' || v_shard, v_table);
+        END IF;
+        v_listed := coalesce(nullif(v_listed, ''), ',') || v_shard || ',';
+        PERFORM set_config('idempotency.prepared_shards', v_listed, false);
+    END LOOP;
+END;
+$$;
 
 CREATE OR REPLACE FUNCTION idempotency_call_batch_at(
     p_route           text,
@@ -79,12 +183,22 @@ CREATE OR REPLACE FUNCTION idempotency_call_batch_at(
 )
 RETURNS TABLE (ord integer, decision text, retry_after_ms bigint, outcome text,
                rec idempotency_keys)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Every statement's plan generic from its first run: each is on one row
+-- by primary key, where the custom plans PostgreSQL would otherwise make
+-- for a prepared statement's first five runs in a session (per shard, per
+-- session: most runs, for a while) cost planning and gain nothing.
+SET plan_cache_mode = force_generic_plan
+AS $$
 DECLARE
     r           idempotency_keys;
     v_now       timestamptz;
-    -- Call i's key and a new record's values, copied out of the arrays
-    -- into plain variables: each is then a parameter of the cached plan.
+    -- Call i's key's shard where this node holds it (else NULL: the
+    -- distributed table), its key and a new record's values, copied out of
+    -- the arrays into plain variables: each is then a parameter of the
+    -- cached plan.
+    v_shards    bigint[];
+    v_shard     bigint;
     v_tenant    text;
     v_scope     text;
     v_key       text;
@@ -99,36 +213,52 @@ DECLARE
     v_result_ref   text;
     v_epoch        numeric;
 BEGIN
+    v_shards := idempotency_local_shards(p_key);
+    PERFORM idempotency_shard_statements(v_shards);
     FOR i IN 1 .. coalesce(array_length(p_key, 1), 0) LOOP
         ord := i;
         decision := NULL;
         retry_after_ms := NULL;
         outcome := NULL;
+        v_shard := v_shards[i];
+        v_tenant := p_tenant[i];
+        v_scope := p_scope[i];
+        v_key := p_key[i];
         IF p_acquire[i] THEN
-            v_tenant := p_tenant[i];
-            v_scope := p_scope[i];
-            v_key := p_key[i];
-            SELECT * INTO r FROM idempotency_keys k
-             WHERE k.tenant = v_tenant AND k.scope = v_scope AND k.idempotency_key = v_key;
+            IF v_shard IS NULL THEN
+                SELECT * INTO r FROM idempotency_keys k
+                 WHERE k.tenant = v_tenant AND k.scope = v_scope AND k.idempotency_key = v_key;
+            ELSE
+                EXECUTE format('EXECUTE %I(%L, %L, %L)', 'idempotency_sel_' || v_shard,
+                               v_tenant, v_scope, v_key) INTO r;
+            END IF;
             v_now := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
-            IF NOT FOUND THEN
+            IF r.idempotency_key IS NULL THEN
                 v_retention := p_retention_ms[i] * interval '1 millisecond';
                 v_lease := p_lease_ms[i] * interval '1 millisecond';
                 v_token := gen_random_uuid();
                 v_fencing := nextval('idempotency_fencing');
-                INSERT INTO idempotency_keys (
-                    tenant, scope, idempotency_key, status, fingerprint,
-                    attempt_count, max_attempts, retention,
-                    lease_token, lease_request_id, lease_expires_at, fencing_token,
-                    created_at, updated_at, expires_at)
-                VALUES (
-                    v_tenant, v_scope, v_key, 'PROCESSING', p_fingerprint[i],
-                    1, p_max_attempts[i], v_retention,
-                    v_token, p_request_id[i], v_now + v_lease, v_fencing,
-                    v_now, v_now, v_now + greatest(v_retention, v_lease))
-                ON CONFLICT (tenant, scope, idempotency_key) DO NOTHING
-                RETURNING * INTO rec;
-                IF FOUND THEN
+                IF v_shard IS NULL THEN
+                    INSERT INTO idempotency_keys (
+                        tenant, scope, idempotency_key, status, fingerprint,
+                        attempt_count, max_attempts, retention,
+                        lease_token, lease_request_id, lease_expires_at, fencing_token,
+                        created_at, updated_at, expires_at)
+                    VALUES (
+                        v_tenant, v_scope, v_key, 'PROCESSING', p_fingerprint[i],
+                        1, p_max_attempts[i], v_retention,
+                        v_token, p_request_id[i], v_now + v_lease, v_fencing,
+                        v_now, v_now, v_now + greatest(v_retention, v_lease))
+                    ON CONFLICT (tenant, scope, idempotency_key) DO NOTHING
+                    RETURNING * INTO rec;
+                ELSE
+                    EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L, %L, %L, %L, %L, %L, %L)',
+                                   'idempotency_ins_' || v_shard, v_tenant, v_scope, v_key,
+                                   p_fingerprint[i], p_max_attempts[i], v_retention, v_token,
+                                   p_request_id[i], v_now + v_lease, v_fencing, v_now,
+                                   v_now + greatest(v_retention, v_lease)) INTO rec;
+                END IF;
+                IF rec.idempotency_key IS NOT NULL THEN
                     decision := 'PROCEED';
                     RETURN NEXT;
                     CONTINUE;
@@ -149,28 +279,32 @@ BEGIN
                                            p_retention_ms[i], p_watch_ms[i], p_clock_offset_ms) a;
         ELSE
             IF p_outcome[i] = 'SUCCESS' THEN
-                v_tenant := p_tenant[i];
-                v_scope := p_scope[i];
-                v_key := p_key[i];
                 v_token := p_token[i];
                 v_result := p_result[i];
                 v_content_type := p_content_type[i];
                 v_status_code := p_status_code[i];
                 v_result_ref := p_result_ref[i];
                 v_now := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
-                v_epoch := extract(epoch FROM v_now);
-                UPDATE idempotency_keys k SET
-                    status = 'SUCCEEDED', lease_outcome = 'SUCCESS',
-                    lease_expires_at = NULL, next_retry_at = NULL,
-                    result = v_result, result_content_type = v_content_type,
-                    result_status_code = v_status_code, result_ref = v_result_ref,
-                    completed_at = v_now, updated_at = v_now,
-                    expires_at = to_timestamp(v_epoch + extract(epoch FROM k.retention))
-                 WHERE k.tenant = v_tenant AND k.scope = v_scope AND k.idempotency_key = v_key
-                   AND k.lease_token = v_token AND k.lease_outcome IS NULL
-                   AND k.expires_at > v_now AND k.updated_at <= v_now
-                RETURNING * INTO rec;
-                IF FOUND THEN
+                IF v_shard IS NULL THEN
+                    v_epoch := extract(epoch FROM v_now);
+                    UPDATE idempotency_keys k SET
+                        status = 'SUCCEEDED', lease_outcome = 'SUCCESS',
+                        lease_expires_at = NULL, next_retry_at = NULL,
+                        result = v_result, result_content_type = v_content_type,
+                        result_status_code = v_status_code, result_ref = v_result_ref,
+                        completed_at = v_now, updated_at = v_now,
+                        expires_at = to_timestamp(v_epoch + extract(epoch FROM k.retention))
+                     WHERE k.tenant = v_tenant AND k.scope = v_scope AND k.idempotency_key = v_key
+                       AND k.lease_token = v_token AND k.lease_outcome IS NULL
+                       AND k.expires_at > v_now AND k.updated_at <= v_now
+                    RETURNING * INTO rec;
+                ELSE
+                    EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L, %L, %L, %L)',
+                                   'idempotency_upd_' || v_shard, v_tenant, v_scope, v_key,
+                                   v_token, v_result, v_content_type, v_status_code,
+                                   v_result_ref, v_now) INTO rec;
+                END IF;
+                IF rec.idempotency_key IS NOT NULL THEN
                     IF rec.watch_until > v_now THEN
                         PERFORM idempotency_notify_if_watched(rec, v_now);
                     END IF;

@@ -65,10 +65,12 @@ use super::shards::{self, Routes, ShardMap};
 
 mod company;
 mod take;
+mod wait;
 
 use company::Company;
 pub(super) use company::replicas;
 use take::{Flight, take};
+pub(super) use wait::in_time_for;
 
 /// One call's arguments, owned so it can wait in the queue.
 pub(super) trait Call: Send + Sync + Sized + 'static {
@@ -474,12 +476,12 @@ async fn run_group<C: Call>(
         crate::metrics::batch_ran(kind, calls);
     }
     let limit = settings.query_timeout;
-    let stamp = stamp_by(settings, batch.iter().filter_map(|p| p.answer_by).min());
+    let answer_by = batch.iter().filter_map(|p| p.answer_by).min();
+    let stamp = stamp_by(settings, answer_by);
     if batch.len() <= 1 {
         if let Some(alone) = batch.pop() {
-            let answer = mux
-                .in_time(shared, limit, alone.call.one(shared, stamp))
-                .await;
+            let one = alone.call.one(shared, stamp);
+            let answer = in_time_for(mux, shared, limit, answer_by, one).await;
             alone.answer(1, answer);
         }
         return;
@@ -487,9 +489,8 @@ async fn run_group<C: Call>(
     batch.sort_by(|a, b| a.call.row_key().cmp(&b.call.row_key()));
     let calls: Vec<&C> = batch.iter().map(|p| &p.call).collect();
     let route = calls.first().filter(|_| routed).map(|c| c.row_key().2);
-    let rows = mux
-        .in_time(shared, limit, C::many(&calls, route, shared, stamp))
-        .await;
+    let many = C::many(&calls, route, shared, stamp);
+    let rows = in_time_for(mux, shared, limit, answer_by, many).await;
     drop(calls);
     let rows = match rows {
         Ok(rows) => rows,
@@ -519,9 +520,8 @@ async fn run_group<C: Call>(
                 .filter(|pending| !pending.reply.is_closed())
                 .map(|pending| async move {
                     let stamp = stamp_by(settings, pending.answer_by);
-                    let answer = mux
-                        .in_time(shared, limit, pending.call.one(shared, stamp))
-                        .await;
+                    let call = pending.call.one(shared, stamp);
+                    let answer = in_time_for(mux, shared, limit, pending.answer_by, call).await;
                     pending.answer(1, answer);
                 });
             futures_util::future::join_all(alone).await;

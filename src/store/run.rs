@@ -134,9 +134,15 @@ impl Store {
             let node = self.node_of_key(coordinator, key);
             let mux = node.as_deref().unwrap_or(coordinator);
             let shared = mux.get(self.connect_wait_of(&time)).await?;
-            return mux
-                .in_time(&shared, self.query_timeout, shared.query_opt(sql, params))
-                .await;
+            let query = shared.query_opt(sql, params);
+            return super::batch::in_time_for(
+                mux,
+                &shared,
+                self.query_timeout,
+                time.answer_by,
+                query,
+            )
+            .await;
         }
         self.query_one_pooled(sql, params, time).await
     }

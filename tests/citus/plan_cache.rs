@@ -4,23 +4,25 @@
 //! keeps that shard's plan with PostgreSQL's cached plan of the statement,
 //! and each later run in the same session reuses both; any other statement
 //! is deparsed for its shard, parsed and planned anew every time it runs.
-//! Every statement of the delegated single calls and of the routed batch
-//! is of the first kind, so once a session has run them a worker plans
-//! nothing per call.
+//! Every statement of the delegated single calls is of the first kind; the
+//! routed batch runs its statements on the shard's own table, prepared once
+//! per session (`sql/citus/batch_routes.sql`). So once a session has run
+//! them a worker plans nothing per call.
 //!
 //! Told from the worker's own `pg_stat_statements` (the harness tracks
 //! nested statements and their planning), over 50 cycles on the keys of
 //! one shard, after as many to warm up the sessions, the statistics reset
 //! in between:
 //! - `plans` of a function's statement counts PostgreSQL planning it
-//!   (through Citus's planner): none;
+//!   (through Citus's planner, or of a prepared shard statement): none;
 //! - a shard plan made from text (the statement deparsed for the shard with
 //!   its values, parsed again: what Citus does when it cannot use a cached
 //!   plan) is entered under that text, which names the shard's table
 //!   (`idempotency_keys_<shard id>`), when it is parsed; a cached shard
 //!   plan is parsed once per session, so after the reset its runs are
 //!   entered by the executor alone, under the placeholder text Citus gives
-//!   them. No statement naming the shard may run.
+//!   them. No statement naming the shard may run but the batch's own
+//!   prepared ones (`idempotency_keys_<shard id> AS k`).
 
 use std::collections::HashMap;
 
@@ -64,17 +66,28 @@ async fn cycles(app: &TestServer, keys: &[String], lanes: usize) {
     }
 }
 
+/// The statements of our functions on the table, as `pg_stat_statements`
+/// enters them: the distributed table's (`idempotency_keys k`, Citus's path)
+/// and the routed batch's on the shard's own table
+/// (`idempotency_keys_<shard id> AS k`, prepared once per session by
+/// `idempotency_shard_statements`). Citus's deparsed shard statements name
+/// the shard qualified and without `AS`.
+const OURS: &str = "'(idempotency_keys|idempotency_keys_[0-9]+ AS) k\\M'";
+
 /// The worker's counts for this database: (runs and plans of the
 /// statements of our functions on `idempotency_keys`, runs of statements
 /// naming a shard).
 async fn counts(worker: &tokio_postgres::Client) -> (i64, i64, i64) {
     let row = worker
         .query_one(
-            "SELECT coalesce(sum(calls) FILTER (WHERE query ~ 'idempotency_keys k\\M'), 0)::bigint,
-                    coalesce(sum(plans) FILTER (WHERE query ~ 'idempotency_keys k\\M'), 0)::bigint,
-                    coalesce(sum(calls) FILTER (WHERE query ~ 'idempotency_keys_[0-9]+'), 0)::bigint
+            "SELECT coalesce(sum(calls) FILTER (WHERE query ~ OURS), 0)::bigint,
+                    coalesce(sum(plans) FILTER (WHERE query ~ OURS), 0)::bigint,
+                    coalesce(sum(calls) FILTER (WHERE query ~ 'idempotency_keys_[0-9]+'
+                                                AND query !~ OURS), 0)::bigint
                FROM pg_stat_statements
-              WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
+              WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                .replace("OURS", OURS)
+                .as_str(),
             &[],
         )
         .await

@@ -2,7 +2,8 @@
 //! dropped and no connection is refused or closed (a proxy in front of it
 //! stops forwarding; the cluster and the server know the worker only by
 //! the proxy's address). Calls on its keys answer UNAVAILABLE within their
-//! deadline, calls on the other worker's keys keep answering, and once the
+//! deadline (never DEADLINE_EXCEEDED: the server stops waiting for the
+//! node before the caller's deadline), calls on the other worker's keys keep answering, and once the
 //! network is back nothing is left behind: its keys answer again, no
 //! prepared transaction or open transaction of the cut-off sessions stays
 //! on any node, and the history checker finds no violation.
@@ -105,6 +106,28 @@ async fn a_cut_off_worker_s_keys_answer_unavailable_in_time_and_the_other_worker
         failed.is_empty(),
         "the other worker's keys failed while one was cut off:\n{}",
         failed.join("\n")
+    );
+    // The server's wait for a node ends before the caller's deadline, and
+    // it answers UNAVAILABLE then: a call on the cut-off worker's keys
+    // never runs out its caller's deadline waiting on it.
+    let late: Vec<_> = calls
+        .iter()
+        .filter(|c| cut_keys.contains(&c.key) && c.start_us >= cut_at && c.end_us < back_at)
+        .filter(|c| c.code == "DEADLINE_EXCEEDED")
+        .map(|c| {
+            format!(
+                "{:?} {} after {} ms ({})",
+                c.kind,
+                c.key,
+                c.took_us() / 1000,
+                c.reason
+            )
+        })
+        .collect();
+    assert!(
+        late.is_empty(),
+        "calls on the cut-off worker's keys answered DEADLINE_EXCEEDED, not UNAVAILABLE:\n{}",
+        late.join("\n")
     );
     load::assert_history_clean(&history);
     nothing_left_behind(&env.db, &[proxy.port, other]).await;
