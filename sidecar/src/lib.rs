@@ -11,9 +11,12 @@
 //! - [`key`]: the `Idempotency-Key` header (sf-string or token), accepted
 //!   or refused; `Prefer: wait`; the tenant's namespace.
 //! - [`fingerprint`]: what makes a request "the same request".
-//! - [`proxy`]: one request, start to end; pass-through streaming.
+//! - [`proxy`]: the state every request shares.
+//! - [`request`]: one request, start to end; pass-through streaming.
 //! - [`coordinate`]: the coordinator's decision and its answer; the upstream
-//!   call in a task of its own; what is stored, failed or released.
+//!   call in a task of its own.
+//! - [`attempt`]: one upstream call under the lease; what is stored, failed
+//!   or released.
 //! - [`recording`]: an answer whose storing failed, stored again until it
 //!   is, or another holder took the key over.
 //! - [`upstream`]: the HTTP client; hop-by-hop headers; retryable statuses.
@@ -31,6 +34,7 @@
 //! - [`metrics`]: what is counted.
 
 pub mod answers;
+pub mod attempt;
 pub mod body;
 pub mod budget;
 pub mod config;
@@ -45,6 +49,7 @@ pub mod ops;
 pub mod problem;
 pub mod proxy;
 pub mod recording;
+pub mod request;
 pub mod routes;
 pub mod server;
 pub mod stored;
