@@ -30,6 +30,7 @@
 //! - [`table`]: the connection table; shedding the longest idle.
 //! - [`connection`]: one client connection's deadlines and idle timeout.
 //! - [`conn`]: one client connection's state, as its requests see it.
+//! - [`coordinator`]: reaching the coordinator, over TCP or a Unix socket.
 //! - [`ops`]: readiness following the coordinator; the metrics listener.
 //! - [`metrics`]: what is counted.
 
@@ -41,6 +42,7 @@ pub mod config;
 pub mod conn;
 pub mod connection;
 pub mod coordinate;
+pub mod coordinator;
 pub mod fingerprint;
 pub mod key;
 pub mod metrics;
@@ -65,6 +67,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Args, ConfigError};
+use crate::coordinator::Coordinator;
 use crate::metrics::Metrics;
 use crate::ops::Readiness;
 use crate::problem::Problems;
@@ -131,12 +134,12 @@ pub async fn start(args: &Args) -> Result<Running, StartError> {
         args.retry_statuses()?,
     );
     let options = args.coordinator_options()?;
-    let health_channel = args.health_endpoint(&options)?.connect_lazy();
+    let reach = Coordinator::of(args);
+    let health_channel = reach.health_channel(args, &options)?;
     // Waits get a connection of their own: a waiting Acquire holds a
     // stream for as long as it waits, and decisions never queue behind them.
-    let waits =
-        idempotency_client::Client::connect_lazy(args.coordinator.clone(), options.clone())?;
-    let coordinator = idempotency_client::Client::connect_lazy(args.coordinator.clone(), options)?;
+    let waits = reach.client(options.clone())?;
+    let coordinator = reach.client(options)?;
     let metrics = Metrics::default();
     let proxy = Arc::new(Proxy {
         routes,
