@@ -9,6 +9,9 @@
 #   sidecar-alt       (only when named in PATHS) a second sidecar on the same
 #                     coordinator, with SIDECAR_ALT_ARGS: two settings of the
 #                     sidecar alternated in one run
+#   sidecar-unix      (only when named in PATHS) a sidecar that reaches the same
+#                     coordinator over its Unix socket (`--unix-socket`), as
+#                     in one pod, rather than over loopback TCP
 #
 # Every request is a POST with a small JSON body and a fresh Idempotency-Key
 # (so every request is a first run: decided, forwarded, recorded), driven by
@@ -40,7 +43,7 @@
 #   CONNECTIONS  wrk connections, a list run in turn [32]; e.g. "1 4 32"
 #   THREADS      wrk threads (at most the connections) [2]
 #   DURATION     seconds per run [10]      ROUNDS   runs per path [2]
-#   BASE_PORT    first of 11 local ports [18600]
+#   BASE_PORT    first of 13 local ports [18600]
 #   PATHS        which paths, in order [direct sidecar peer-redis peer-redis-fsync]
 #   COORDINATOR_ARGS  extra flags of `idempotency-coordinator serve` [none]
 #   SIDECAR_ARGS      extra flags of `idempotency-sidecar` [none]
@@ -72,6 +75,8 @@ REDIS_FSYNC_PORT=$((BASE_PORT + 7))
 COORDINATOR_METRICS_PORT=$((BASE_PORT + 8))
 SIDECAR_ALT_PORT=$((BASE_PORT + 9))
 SIDECAR_ALT_METRICS_PORT=$((BASE_PORT + 10))
+SIDECAR_UNIX_PORT=$((BASE_PORT + 11))
+SIDECAR_UNIX_METRICS_PORT=$((BASE_PORT + 12))
 
 DB=idem_bench_$$
 HZ=$(getconf CLK_TCK)
@@ -183,19 +188,22 @@ wait_for upstream curl -sf -X POST -d '{}' "http://127.0.0.1:$UPSTREAM_PORT/paym
 psql "$PG_URL/postgres" -qAtc "CREATE DATABASE $DB" >/dev/null
 export DATABASE_URL="$PG_URL/$DB"
 "$BIN_DIR/idempotency-coordinator" migrate >"$WORK/migrate.log" 2>&1 || die "migrate failed: $(cat "$WORK/migrate.log")"
+COORDINATOR_SOCKET=$WORK/coordinator.sock
 # shellcheck disable=SC2086 # COORDINATOR_ARGS is a list of flags
 "$BIN_DIR/idempotency-coordinator" serve --listen "127.0.0.1:$COORDINATOR_PORT" \
+    --unix-socket "$COORDINATOR_SOCKET" \
     --metrics-listen "127.0.0.1:$COORDINATOR_METRICS_PORT" $COORDINATOR_ARGS >"$WORK/coordinator.log" 2>&1 &
 COORDINATOR_PID=$!; PIDS+=("$COORDINATOR_PID")
 wait_for coordinator grep -q 'listening for changes; ready' "$WORK/coordinator.log"
 
-start_sidecar() { # NAME PORT METRICS_PORT FLAGS
+start_sidecar() { # NAME PORT METRICS_PORT FLAGS [COORDINATOR]
     local name=$1 port=$2 metrics_port=$3 flags=$4
+    local coordinator=${5:-http://127.0.0.1:$COORDINATOR_PORT}
     # shellcheck disable=SC2086 # FLAGS is a list of flags
     RUST_LOG=warn "$BIN_DIR/idempotency-sidecar" $flags \
         --listen "127.0.0.1:$port" \
         --upstream "http://127.0.0.1:$UPSTREAM_PORT" \
-        --coordinator "http://127.0.0.1:$COORDINATOR_PORT" \
+        --coordinator "$coordinator" \
         --metrics-listen "127.0.0.1:$metrics_port" \
         --route 'POST /payments require scope=bench' >"$WORK/$name.log" 2>&1 &
     PIDS+=("$!")
@@ -206,6 +214,11 @@ SIDECAR_PID=${PIDS[-1]}
 if wants sidecar-alt; then
     start_sidecar sidecar-alt "$SIDECAR_ALT_PORT" "$SIDECAR_ALT_METRICS_PORT" "$SIDECAR_ALT_ARGS"
     SIDECAR_ALT_PID=${PIDS[-1]}
+fi
+if wants sidecar-unix; then
+    start_sidecar sidecar-unix "$SIDECAR_UNIX_PORT" "$SIDECAR_UNIX_METRICS_PORT" "$SIDECAR_ARGS" \
+        "unix:$COORDINATOR_SOCKET"
+    SIDECAR_UNIX_PID=${PIDS[-1]}
 fi
 
 # --- redis-server instances and the peer in front of each --------------------
@@ -274,7 +287,7 @@ function done(summary, latency, requests)
 end
 LUA
 
-is_sidecar() { case $1 in sidecar | sidecar-alt) return 0 ;; *) return 1 ;; esac; }
+is_sidecar() { case $1 in sidecar | sidecar-alt | sidecar-unix) return 0 ;; *) return 1 ;; esac; }
 
 # run NAME URL PROXY_PID STORE_PIDS TAG CONNECTIONS: prints "name rps p50 p99
 # non2xx errors proxy_us store_us upstream_us calls_per_batch_statement"
@@ -310,6 +323,7 @@ log "peer :$PEER_PORT (redis :$REDIS_PORT), peer-fsync :$PEER_FSYNC_PORT (redis 
 log "wrk: at most $THREADS threads, connections: $CONNECTIONS, ${DURATION}s a run, $ROUNDS rounds; $(nproc) cores"
 log "coordinator flags: ${COORDINATOR_ARGS:-(defaults)}; sidecar flags: ${SIDECAR_ARGS:-(defaults)}"
 wants sidecar-alt && log "sidecar-alt :$SIDECAR_ALT_PORT, flags: ${SIDECAR_ALT_ARGS:-(defaults)}"
+wants sidecar-unix && log "sidecar-unix :$SIDECAR_UNIX_PORT, to the coordinator's Unix socket"
 
 RESULTS=()
 for conns in $CONNECTIONS; do
@@ -320,6 +334,7 @@ for conns in $CONNECTIONS; do
                 direct) line=$(run direct "http://127.0.0.1:$UPSTREAM_PORT/payments" "" "" "$tag" "$conns") ;;
                 sidecar) line=$(run sidecar "http://127.0.0.1:$SIDECAR_PORT/payments" "$SIDECAR_PID" "" "$tag" "$conns") ;;
                 sidecar-alt) line=$(run sidecar-alt "http://127.0.0.1:$SIDECAR_ALT_PORT/payments" "$SIDECAR_ALT_PID" "" "$tag" "$conns") ;;
+                sidecar-unix) line=$(run sidecar-unix "http://127.0.0.1:$SIDECAR_UNIX_PORT/payments" "$SIDECAR_UNIX_PID" "" "$tag" "$conns") ;;
                 peer-redis) line=$(run peer-redis "http://127.0.0.1:$PEER_PORT/URL_UPSTREAM" "$PEER_PID" "$REDIS_PID" "$tag" "$conns") ;;
                 peer-redis-fsync) line=$(run peer-redis-fsync "http://127.0.0.1:$PEER_FSYNC_PORT/URL_UPSTREAM" "$PEER_FSYNC_PID" "$REDIS_FSYNC_PID" "$tag" "$conns") ;;
                 *) die "unknown path $path" ;;

@@ -85,13 +85,14 @@ pub enum Refused {
     Broke(BoxError),
 }
 
-/// Reads `body` whole, up to `limit` bytes, charging `held` for what is
-/// buffered as it arrives (never for a declared length), with at most
-/// `idle` between two chunks.
+/// Reads `body` whole, up to `limit` bytes, charging for what is buffered
+/// as it arrives (never for a declared length): `charge(bytes)` holds room
+/// for `bytes` in all, `false` when there is none. At most `idle` between
+/// two chunks.
 pub async fn read_charged<B>(
     mut body: B,
     limit: usize,
-    held: &mut crate::budget::Held,
+    mut charge: impl FnMut(usize) -> bool,
     idle: std::time::Duration,
 ) -> Result<Bytes, Refused>
 where
@@ -115,12 +116,12 @@ where
         if buffer.len() + data.len() > limit {
             return Err(Refused::TooLarge);
         }
-        if !held.grow_to(buffer.len() + data.len()) {
+        if !charge(buffer.len() + data.len()) {
             return Err(Refused::Busy);
         }
         buffer.extend_from_slice(&data);
         // What the buffer took, not only what it holds.
-        if !held.grow_to(buffer.capacity()) {
+        if !charge(buffer.capacity()) {
             return Err(Refused::Busy);
         }
     }

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::HeaderName;
 use http::request::Parts;
 use hyper::body::Incoming;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -18,7 +19,6 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::body::{self, Refused};
 use crate::conn::OnConn;
 use crate::problem::Problem;
-use crate::proxy::Proxy;
 
 /// The budget and its shares.
 pub struct BodyBudget {
@@ -129,14 +129,10 @@ impl Drop for Held {
     }
 }
 
-/// Whose share a request's body counts in: its tenant header's value
+/// Whose share a request's body counts in: its `tenant_header`'s value
 /// when the sidecar has one and the request sends it, else its address.
-fn client_of(proxy: &Proxy, head: &Parts) -> Vec<u8> {
-    let tenant = proxy
-        .settings
-        .tenant_header
-        .as_ref()
-        .and_then(|name| head.headers.get(name));
+fn client_of(tenant_header: Option<&HeaderName>, head: &Parts) -> Vec<u8> {
+    let tenant = tenant_header.and_then(|name| head.headers.get(name));
     match tenant {
         Some(value) => [b"t:".as_slice(), value.as_bytes()].concat(),
         None => {
@@ -150,15 +146,31 @@ fn client_of(proxy: &Proxy, head: &Parts) -> Vec<u8> {
 /// when to retry.
 pub type NotRead = (Problem, String, Option<Duration>);
 
-/// Reads a keyed request's body whole, charged to the budget as it
-/// arrives, within `limit` bytes, the request body timeout and the idle
-/// timeout between chunks.
+/// How a keyed request's body is read: whose share it counts in (the
+/// `--tenant-header`), and how long it may take to arrive.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadLimits<'a> {
+    /// The client header whose value names the share.
+    pub tenant_header: Option<&'a HeaderName>,
+    /// The most the whole body may take.
+    pub timeout: Duration,
+    /// The most bytes it may have.
+    pub limit: usize,
+}
+
+/// Reads a keyed request's body whole, charged to `budget` as it arrives,
+/// within the `limits` and the idle timeout between chunks.
 pub async fn read(
-    proxy: &Proxy,
+    budget: &Arc<BodyBudget>,
     head: &Parts,
     incoming: Incoming,
-    limit: usize,
+    limits: ReadLimits<'_>,
 ) -> Result<(Bytes, Held), NotRead> {
+    let ReadLimits {
+        tenant_header,
+        timeout,
+        limit,
+    } = limits;
     let busy = || {
         let detail = "too many request bodies are held at once; retry";
         (
@@ -167,11 +179,13 @@ pub async fn read(
             Some(Duration::from_secs(1)),
         )
     };
-    let budget = &proxy.body_budget;
-    let mut held = budget.hold(client_of(proxy, head)).ok_or_else(busy)?;
-    let timeout = proxy.settings.request_body_timeout;
-    let reading = body::read_charged(incoming, limit, &mut held, budget.idle_timeout);
-    let refused = match tokio::time::timeout(timeout, reading).await {
+    let mut held = budget
+        .hold(client_of(tenant_header, head))
+        .ok_or_else(busy)?;
+    let charge = |bytes| held.grow_to(bytes);
+    let reading = body::read_charged(incoming, limit, charge, budget.idle_timeout);
+    let read = tokio::time::timeout(timeout, reading).await;
+    let refused = match read {
         Ok(Ok(bytes)) => return Ok((bytes, held)),
         Ok(Err(refused)) => refused,
         Err(_) => Refused::Late(timeout),

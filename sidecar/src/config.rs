@@ -42,7 +42,9 @@ pub struct Args {
         default_value = "60s"
     )]
     pub upstream_timeout: humantime::Duration,
-    /// The coordinator's gRPC endpoint, e.g. `http://127.0.0.1:50051`.
+    /// The coordinator's gRPC endpoint, e.g. `http://127.0.0.1:50051`, or
+    /// `unix:/run/idempotency/coordinator.sock` for a coordinator in the
+    /// same pod or host serving that Unix socket (its `--unix-socket`).
     #[arg(long, env = "IDEMPOTENCY_SIDECAR_COORDINATOR")]
     pub coordinator: String,
     /// Bearer token for the coordinator: its credentials decide the tenant.

@@ -11,9 +11,12 @@
 //! - [`key`]: the `Idempotency-Key` header (sf-string or token), accepted
 //!   or refused; `Prefer: wait`; the tenant's namespace.
 //! - [`fingerprint`]: what makes a request "the same request".
-//! - [`proxy`]: one request, start to end; pass-through streaming.
+//! - [`proxy`]: the state every request shares.
+//! - [`request`]: one request, start to end; pass-through streaming.
 //! - [`coordinate`]: the coordinator's decision and its answer; the upstream
-//!   call in a task of its own; what is stored, failed or released.
+//!   call in a task of its own.
+//! - [`attempt`]: one upstream call under the lease; what is stored, failed
+//!   or released.
 //! - [`recording`]: an answer whose storing failed, stored again until it
 //!   is, or another holder took the key over.
 //! - [`upstream`]: the HTTP client; hop-by-hop headers; retryable statuses.
@@ -27,16 +30,19 @@
 //! - [`table`]: the connection table; shedding the longest idle.
 //! - [`connection`]: one client connection's deadlines and idle timeout.
 //! - [`conn`]: one client connection's state, as its requests see it.
+//! - [`coordinator`]: reaching the coordinator, over TCP or a Unix socket.
 //! - [`ops`]: readiness following the coordinator; the metrics listener.
 //! - [`metrics`]: what is counted.
 
 pub mod answers;
+pub mod attempt;
 pub mod body;
 pub mod budget;
 pub mod config;
 pub mod conn;
 pub mod connection;
 pub mod coordinate;
+pub mod coordinator;
 pub mod fingerprint;
 pub mod key;
 pub mod metrics;
@@ -45,6 +51,7 @@ pub mod ops;
 pub mod problem;
 pub mod proxy;
 pub mod recording;
+pub mod request;
 pub mod routes;
 pub mod server;
 pub mod stored;
@@ -60,6 +67,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Args, ConfigError};
+use crate::coordinator::Coordinator;
 use crate::metrics::Metrics;
 use crate::ops::Readiness;
 use crate::problem::Problems;
@@ -126,12 +134,12 @@ pub async fn start(args: &Args) -> Result<Running, StartError> {
         args.retry_statuses()?,
     );
     let options = args.coordinator_options()?;
-    let health_channel = args.health_endpoint(&options)?.connect_lazy();
+    let reach = Coordinator::of(args);
+    let health_channel = reach.health_channel(args, &options)?;
     // Waits get a connection of their own: a waiting Acquire holds a
     // stream for as long as it waits, and decisions never queue behind them.
-    let waits =
-        idempotency_client::Client::connect_lazy(args.coordinator.clone(), options.clone())?;
-    let coordinator = idempotency_client::Client::connect_lazy(args.coordinator.clone(), options)?;
+    let waits = reach.client(options.clone())?;
+    let coordinator = reach.client(options)?;
     let metrics = Metrics::default();
     let proxy = Arc::new(Proxy {
         routes,

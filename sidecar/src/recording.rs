@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use idempotency_client::proto::{CompleteRequest, Record, Success, complete_request::Outcome};
 use idempotency_client::{Backoff, CallError, Client, Code, Codec as _, Done, RunOnceError};
 
-use crate::coordinate::{Decided, Slot};
+use crate::attempt::{Decided, Slot};
 use crate::proxy::Proxy;
 use crate::stored::{ResponseCodec, StoredResponse};
 

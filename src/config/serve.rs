@@ -29,6 +29,13 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEMPOTENCY_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
 
+    /// Also serve gRPC, in plaintext, on a Unix socket at this path (for a
+    /// client in the same pod or host, such as the sidecar: no TCP on
+    /// either side), with the gRPC port's credentials and limits. The
+    /// socket's file permissions say who may connect. Off unless given.
+    #[arg(long, env = "IDEMPOTENCY_UNIX_SOCKET")]
+    pub unix_socket: Option<PathBuf>,
+
     /// Also serve the Coordinator over HTTP/1.1 and HTTP/2 with JSON on this
     /// address (port 0 picks a free port): the workflow API (POST /acquire,
     /// POST /complete, GET /health) and every unary RPC in the Connect
@@ -108,6 +115,8 @@ pub struct ServeArgs {
 pub struct ServeConfig {
     /// Where the gRPC port is served (port 0 picks a free one).
     pub listen: SocketAddr,
+    /// Where gRPC is also served on a Unix socket; `None`: nowhere.
+    pub unix_socket: Option<PathBuf>,
     /// Where the HTTP/JSON door is served; `None`: nowhere.
     pub http_listen: Option<SocketAddr>,
     /// The operator console is served on the HTTP door at /console/.
@@ -166,6 +175,7 @@ impl ServeConfig {
     pub fn new(listen: SocketAddr, database_url: impl Into<String>) -> Self {
         ServeConfig {
             listen,
+            unix_socket: None,
             http_listen: None,
             console: false,
             http_allowed_hosts: Vec::new(),
@@ -200,6 +210,7 @@ impl From<ServeArgs> for ServeConfig {
     fn from(a: ServeArgs) -> Self {
         ServeConfig {
             listen: a.listen,
+            unix_socket: a.unix_socket,
             http_listen: a.http_listen,
             console: a.console,
             http_allowed_hosts: a.http_allowed_hosts,

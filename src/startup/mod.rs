@@ -117,6 +117,14 @@ pub enum StartupError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot listen on the Unix socket {} (--unix-socket)", path.display())]
+    BindUnix {
+        /// The socket's path.
+        path: std::path::PathBuf,
+        /// What the operating system said.
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot build the reflection service")]
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("cannot read the contract's descriptors for the HTTP/JSON door")]
@@ -148,6 +156,8 @@ pub struct Application {
     metrics_listener: Option<TcpListener>,
     /// Where the HTTP/JSON door is served, when configured.
     http_listener: Option<TcpListener>,
+    /// Where gRPC is also served on a Unix socket, when configured.
+    unix_listener: Option<tokio::net::UnixListener>,
 }
 
 impl Application {
@@ -200,6 +210,11 @@ impl Application {
             metrics: metrics_listener,
             http: http_listener,
         } = listeners;
+        let unix_listener = config
+            .unix_socket
+            .as_deref()
+            .map(ports::bind_unix)
+            .transpose()?;
         let waiter_limits = config.waiter_limits;
         Ok(Application {
             listener,
@@ -213,6 +228,7 @@ impl Application {
             database_ready: false,
             metrics_listener,
             http_listener,
+            unix_listener,
         })
     }
 
@@ -309,6 +325,7 @@ impl Application {
             database_ready,
             metrics_listener,
             http_listener,
+            unix_listener,
         } = self;
         credentials::announce(&auth);
         let addr = listener.local_addr().map_err(|source| StartupError::Bind {
@@ -377,6 +394,7 @@ impl Application {
 
         let ports = ClientPorts {
             grpc: listener,
+            unix: unix_listener,
             admission,
             http: http_door,
             tls,

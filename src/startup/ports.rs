@@ -3,9 +3,11 @@
 //! served, stopping together.
 
 use std::net::SocketAddr;
+use std::os::unix::fs::FileTypeExt as _;
+use std::path::Path;
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 
 use super::StartupError;
@@ -102,6 +104,24 @@ impl Listeners {
     }
 }
 
+/// Binds the Unix socket at `path` (`--unix-socket`). A socket file left
+/// by a server that stopped is replaced; one a live server answers on, or
+/// any other file, is not.
+pub(super) fn bind_unix(path: &Path) -> Result<UnixListener, StartupError> {
+    let failed = |source| StartupError::BindUnix {
+        path: path.to_owned(),
+        source,
+    };
+    let stale = std::fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_socket());
+    if stale {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(failed(std::io::ErrorKind::AddrInUse.into()));
+        }
+        std::fs::remove_file(path).map_err(failed)?;
+    }
+    UnixListener::bind(path).map_err(failed)
+}
+
 /// The connection limits of the client ports: the configured ones, with
 /// the connection cap [`connection_cap`] allows (`http`: the HTTP port is
 /// served besides the gRPC port; `metrics_port`: the metrics port is).
@@ -117,9 +137,12 @@ pub(super) fn connection_limits(
 }
 
 /// The client ports, ready to serve: the gRPC port and, when configured,
-/// the HTTP/JSON door, with the same TLS and connection limits.
+/// the HTTP/JSON door, with the same TLS and connection limits, and the
+/// gRPC Unix socket (no TLS).
 pub(super) struct ClientPorts {
     pub(super) grpc: TcpListener,
+    /// gRPC on a Unix socket too (`--unix-socket`), plaintext.
+    pub(super) unix: Option<UnixListener>,
     /// What answers the gRPC port's calls.
     pub(super) admission: Arc<Admission>,
     pub(super) http: Option<HttpDoor>,
@@ -131,7 +154,15 @@ impl ClientPorts {
     /// Serves both ports until `closing` is cancelled, then returns once
     /// the calls in flight on both have finished.
     pub(super) async fn serve(self, closing: &CancellationToken) {
+        let (unix, admission) = (self.unix, Arc::clone(&self.admission));
+        let (connections, closed) = (self.connections, closing.clone().cancelled_owned());
+        let unix = async move {
+            if let Some(unix) = unix {
+                transport::serve_unix(unix, admission, connections, closed).await;
+            }
+        };
         tokio::join!(
+            unix,
             transport::serve(
                 self.grpc,
                 self.tls.clone(),

@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{Semaphore, watch};
 
 use tokio_rustls::TlsAcceptor;
@@ -82,11 +82,51 @@ fn is_connection_error(e: &io::Error) -> bool {
     )
 }
 
+/// A listening socket the accept loop takes connections from: TCP, or a
+/// Unix socket (for a client in the same pod or host).
+pub trait Listen: Send + 'static {
+    /// One accepted connection.
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+
+    /// The next connection and where it came from.
+    fn accept_one(&self) -> impl Future<Output = io::Result<(Self::Io, SocketAddr)>> + Send;
+
+    /// Sets the connection's socket options.
+    fn configure(io: &Self::Io, limits: &ConnectionLimits);
+}
+
+impl Listen for TcpListener {
+    type Io = TcpStream;
+
+    fn accept_one(&self) -> impl Future<Output = io::Result<(TcpStream, SocketAddr)>> + Send {
+        self.accept()
+    }
+
+    fn configure(io: &TcpStream, limits: &ConnectionLimits) {
+        configure(io, limits);
+    }
+}
+
+/// What a Unix socket's peer is logged as: it has no address.
+const UNIX_PEER: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 0);
+
+impl Listen for UnixListener {
+    type Io = UnixStream;
+
+    async fn accept_one(&self) -> io::Result<(UnixStream, SocketAddr)> {
+        let (io, _) = self.accept().await?;
+        Ok((io, UNIX_PEER))
+    }
+
+    fn configure(_: &UnixStream, _: &ConnectionLimits) {}
+}
+
 /// Accepts connections until `shutdown` resolves, then stops accepting,
 /// closes every connection gracefully, and returns once their calls have
 /// finished.
-pub async fn serve<P: Protocol>(
-    listener: TcpListener,
+pub async fn serve<L: Listen, P: Protocol>(
+    listener: L,
     tls: Option<Arc<Tls>>,
     protocol: P,
     limits: ConnectionLimits,
@@ -103,7 +143,7 @@ pub async fn serve<P: Protocol>(
         };
         let accepted = tokio::select! {
             () = &mut shutdown => break,
-            accepted = listener.accept() => accepted,
+            accepted = listener.accept_one() => accepted,
         };
         let (tcp, peer) = match accepted {
             Ok(accepted) => {
@@ -121,7 +161,7 @@ pub async fn serve<P: Protocol>(
                 continue;
             }
         };
-        configure(&tcp, &limits);
+        L::configure(&tcp, &limits);
         let protocol = protocol.clone();
         let draining = draining.clone();
         let handshake = limits.handshake_timeout;

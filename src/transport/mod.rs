@@ -21,7 +21,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener};
 
 use crate::tls::Tls;
 
@@ -104,6 +104,23 @@ pub async fn serve(
         idle_timeout: limits.idle_timeout,
     };
     accept::serve(listener, tls, grpc, limits, shutdown).await;
+}
+
+/// Serves gRPC in plaintext on the Unix socket `listener` (a client in
+/// the same pod or host: no TCP on either side), with the same admission
+/// and limits as the gRPC port; stops as [`serve`] does.
+pub async fn serve_unix(
+    listener: UnixListener,
+    admission: Arc<Admission>,
+    limits: ConnectionLimits,
+    shutdown: impl Future<Output = ()>,
+) {
+    let grpc = connection::Grpc {
+        builder: connection::http2_builder(&limits),
+        admission,
+        idle_timeout: limits.idle_timeout,
+    };
+    accept::serve(listener, None, grpc, limits, shutdown).await;
 }
 
 /// Serves HTTP/1.1 and HTTP/2 on `listener` with the same limits as the

@@ -32,4 +32,5 @@ mod paths;
 mod refusals;
 mod replays;
 mod support;
+mod unix_socket;
 mod upstream;
