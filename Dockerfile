@@ -5,7 +5,9 @@
 #   docker run -p 50051:50051 -e DATABASE_URL=postgres://user:pass@db:5432/app idempotency-coordinator
 #
 # The image holds the server alone: it needs --database-url (or
-# DATABASE_URL); the private PostgreSQL of local development is not in it.
+# DATABASE_URL); the private PostgreSQL of local development is not in it,
+# and neither is its downloader (built without the default
+# `download-postgresql` feature).
 
 # The full image, not -slim: jemalloc's build needs make.
 FROM rust:1.95-bookworm AS build
@@ -25,7 +27,7 @@ RUN mkdir -p src clients/rust/src bench/src sidecar/src \
  && echo 'fn main() {}' > src/main.rs \
  && echo 'fn main() {}' > sidecar/src/main.rs \
  && touch src/lib.rs clients/rust/src/lib.rs bench/src/lib.rs sidecar/src/lib.rs \
- && cargo build --release --locked --bin idempotency-coordinator \
+ && cargo build --release --locked --no-default-features --bin idempotency-coordinator \
  && rm -rf src sidecar/src clients/rust/src
 
 COPY sql sql
@@ -37,7 +39,7 @@ COPY sidecar sidecar
 # The stand-ins' outputs are older than the real sources only by mtime
 # order of the copy; touch so cargo rebuilds the crates themselves.
 RUN touch src/main.rs src/lib.rs clients/rust/src/lib.rs sidecar/src/main.rs sidecar/src/lib.rs \
- && cargo build --release --locked --bin idempotency-coordinator --bin idempotency-sidecar \
+ && cargo build --release --locked --no-default-features --bin idempotency-coordinator --bin idempotency-sidecar \
  && cp target/release/idempotency-coordinator /idempotency-coordinator \
  && cp target/release/idempotency-sidecar /idempotency-sidecar
 
