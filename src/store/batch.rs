@@ -133,6 +133,8 @@ pub(super) struct Settings {
     /// a node that stopped answering does not hold up the calls of the
     /// other nodes queued behind its batch.
     pub connect_wait: Duration,
+    /// Where each batch is counted.
+    pub metrics: crate::metrics::Metrics,
 }
 
 struct Pending<C> {
@@ -178,7 +180,11 @@ impl<C: Call> Coalescer<C> {
         let receiver = Arc::new(Mutex::new(receiver));
         let queued = Arc::new(AtomicUsize::new(0));
         let settings = Arc::new(settings);
-        let flight = Arc::new(Flight::new(settings.auto.then(Company::new)));
+        let flight = Arc::new(Flight::new(
+            settings
+                .auto
+                .then(|| Company::new(settings.metrics.clone())),
+        ));
         for _ in 0..settings.workers.max(1) {
             tokio::spawn(work(
                 Arc::clone(&receiver),
@@ -471,7 +477,7 @@ async fn run_group<C: Call>(
 ) {
     for kind in crate::metrics::BatchKind::ALL {
         let calls = batch.iter().filter(|p| p.call.kind() == kind).count();
-        crate::metrics::batch_ran(kind, calls);
+        settings.metrics.batch_ran(kind, calls);
     }
     let limit = settings.query_timeout;
     let stamp = stamp_by(settings, batch.iter().filter_map(|p| p.answer_by).min());

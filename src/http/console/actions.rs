@@ -86,7 +86,9 @@ pub(super) async fn login(door: &Door, request: Request<Incoming>) -> Response<H
     };
     let peer = request.extensions().get::<Peer>().map(|p| p.0.ip());
     if let Some(wait) = peer.and_then(|ip| console.logins.refused(ip)) {
-        metrics::request_refused(metrics::Port::Http, "console_login_limited");
+        door.admission
+            .metrics()
+            .request_refused(metrics::Port::Http, "console_login_limited");
         console.logins.log(peer, logins::MAX_FAILURES, true);
         return too_many(door, wait);
     }
@@ -134,7 +136,9 @@ pub(super) async fn login(door: &Door, request: Request<Incoming>) -> Response<H
         ),
         _ => (StatusCode::UNAUTHORIZED, "Unknown credential."),
     };
-    metrics::request_refused(metrics::Port::Http, "console_login_failed");
+    door.admission
+        .metrics()
+        .request_refused(metrics::Port::Http, "console_login_failed");
     let failures = peer.map_or(0, |ip| console.logins.failed(ip));
     console.logins.log(peer, failures, false);
     login_page(door, refusal.0, Some(refusal.1))
