@@ -7,17 +7,16 @@ use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt as _, BodyStream, Limited, StreamBody};
 use hyper::body::Incoming;
 
+use super::answer::{body, guarded, html, see_other};
+use super::query::{Query, link};
 use super::session::{self, Session};
-use super::{
-    CALL_TIMEOUT, HttpBody, Query, body, guarded, html, link, logins, pages, refused, see_other,
-    sessions, watch_request,
-};
+use super::{CALL_TIMEOUT, logins, pages, refused, sessions, watch_request};
 use crate::domain::operator_name;
 use crate::http::connect::SERVICE_PREFIX;
 use crate::http::{Asks, Door};
 use crate::metrics;
 use crate::proto;
-use crate::transport::{OpenCall, Peer};
+use crate::transport::{HttpBody, OpenCall, Peer};
 
 /// The longest form the console reads.
 const MAX_FORM_BYTES: usize = 16 * 1024;
