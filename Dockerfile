@@ -15,18 +15,20 @@ WORKDIR /src
 
 # Dependencies first, in a layer of their own that stays cached while only
 # the coordinator's code changes: build them against stand-in sources.
-# The workspace's other members, the Rust client, the benchmark and the
-# sidecar, are not built here, but cargo reads their manifests: each gets a
-# stand-in library (and the sidecar a stand-in binary).
+# The workspace's other members, the Rust client, the benchmark, the
+# sidecar and the tests' shared harnesses, are not built here, but cargo
+# reads their manifests: each gets a stand-in library (and the sidecar a
+# stand-in binary).
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY clients/rust/Cargo.toml clients/rust/Cargo.toml
 COPY bench/Cargo.toml bench/Cargo.toml
 COPY sidecar/Cargo.toml sidecar/Cargo.toml
+COPY test-support/Cargo.toml test-support/Cargo.toml
 COPY proto proto
-RUN mkdir -p src clients/rust/src bench/src sidecar/src \
+RUN mkdir -p src clients/rust/src bench/src sidecar/src test-support/src \
  && echo 'fn main() {}' > src/main.rs \
  && echo 'fn main() {}' > sidecar/src/main.rs \
- && touch src/lib.rs clients/rust/src/lib.rs bench/src/lib.rs sidecar/src/lib.rs \
+ && touch src/lib.rs clients/rust/src/lib.rs bench/src/lib.rs sidecar/src/lib.rs test-support/src/lib.rs \
  && cargo build --release --locked --no-default-features --bin idempotency-coordinator \
  && rm -rf src sidecar/src clients/rust/src
 

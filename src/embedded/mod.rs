@@ -471,7 +471,7 @@ fn spawn_postmaster(bin: &Path, files: &Files) -> Result<tokio::process::Child, 
     // shutdown) when this process ends, however it ends. Strictly, when the
     // thread that spawns it ends: a caller that starts the database from a
     // short-lived thread must keep that thread alive (the tests' harness
-    // does, `tests/api/helpers/postgres.rs`).
+    // does, `test-support/src/helpers/database/postgres.rs`).
     unsafe {
         postgres.pre_exec(|| {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGINT) == -1 {

@@ -23,7 +23,7 @@ mod extend_lease;
 mod get;
 mod grpcurl;
 mod health;
-mod helpers;
+use test_support::helpers;
 mod hostile;
 mod http;
 mod in_transaction;

@@ -4,16 +4,7 @@
 
 // The server-process and database fixtures of the API tests, shared as
 // they are; not every helper in them is used here.
-#[path = "../api/helpers/database.rs"]
-#[allow(dead_code)]
-mod database;
-#[path = "../api/helpers/pki.rs"]
-mod pki;
-#[path = "../api/helpers/polling.rs"]
-mod polling;
-#[path = "../api/helpers/process.rs"]
-#[allow(dead_code)]
-mod process;
+use test_support::helpers::{database, pki, polling, process};
 
 mod errors;
 mod in_transaction;
