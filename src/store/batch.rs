@@ -180,11 +180,8 @@ impl<C: Call> Coalescer<C> {
         let receiver = Arc::new(Mutex::new(receiver));
         let queued = Arc::new(AtomicUsize::new(0));
         let settings = Arc::new(settings);
-        let flight = Arc::new(Flight::new(
-            settings
-                .auto
-                .then(|| Company::new(settings.metrics.clone())),
-        ));
+        let metrics = settings.metrics.clone();
+        let flight = Arc::new(Flight::new(settings.auto.then(|| Company::new(metrics))));
         for _ in 0..settings.workers.max(1) {
             tokio::spawn(work(
                 Arc::clone(&receiver),

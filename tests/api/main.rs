@@ -28,6 +28,7 @@ mod hostile;
 mod http;
 mod in_transaction;
 mod metrics;
+mod metrics_apart;
 mod migrations;
 mod pipelining;
 mod replays;

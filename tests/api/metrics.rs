@@ -27,7 +27,7 @@ pub(crate) struct Scrape {
 
 impl Scrape {
     /// Reads `name{label="value",...} value` lines; `#` lines are comments.
-    fn parse(text: String) -> Self {
+    pub(crate) fn parse(text: String) -> Self {
         let samples = text
             .lines()
             .filter(|line| !line.is_empty() && !line.starts_with('#'))
@@ -567,48 +567,4 @@ async fn half_open_request_heads_do_not_keep_scrapes_out() {
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     holders.abort_all();
-}
-
-/// Two servers in one process count apart: each has its own metrics,
-/// handed to what records into them, and no registry is shared.
-#[tokio::test]
-async fn two_in_process_servers_count_apart() {
-    use idempotency_coordinator::metrics::{Format, Snapshot};
-    let (a, b) = (spawn_app().await, spawn_app().await);
-    let counted = |app: &TestApp, method: &str| {
-        let text = app
-            .store
-            .metrics()
-            .render(Format::Prometheus, &Snapshot::default());
-        let labels = [("service", COORDINATOR), ("method", method), ("code", "OK")];
-        Scrape::parse(text)
-            .value("idempotency_rpcs_total", &labels)
-            .unwrap_or(0.0)
-    };
-    let mut on_a = a.client.clone();
-    for key in ["one", "two", "three"] {
-        on_a.acquire(acquire("apart", key)).await.unwrap();
-    }
-    let mut on_b = b.client.clone();
-    on_b.acquire(acquire("apart", "one")).await.unwrap();
-    // A call is counted once its answer has gone out.
-    eventually(
-        "each server to count its own Acquires",
-        Duration::from_secs(10),
-        || async { (counted(&a, "Acquire") == 3.0 && counted(&b, "Acquire") == 1.0).then_some(()) },
-    )
-    .await;
-    let decided = |app: &TestApp| {
-        let text = app
-            .store
-            .metrics()
-            .render(Format::Prometheus, &Snapshot::default());
-        Scrape::parse(text)
-            .value(
-                "idempotency_acquire_decisions_total",
-                &[("decision", "PROCEED")],
-            )
-            .unwrap_or(0.0)
-    };
-    assert_eq!((decided(&a), decided(&b)), (3.0, 1.0));
 }
