@@ -5,7 +5,9 @@
 #   docker run -p 50051:50051 -e DATABASE_URL=postgres://user:pass@db:5432/app idempotency-coordinator
 #
 # The image holds the server alone: it needs --database-url (or
-# DATABASE_URL); the private PostgreSQL of local development is not in it.
+# DATABASE_URL); the private PostgreSQL of local development is not in it,
+# and neither is its downloader (built without the default
+# `download-postgresql` feature).
 
 # The full image, not -slim: jemalloc's build needs make.
 FROM rust:1.95-bookworm AS build
@@ -13,19 +15,21 @@ WORKDIR /src
 
 # Dependencies first, in a layer of their own that stays cached while only
 # the coordinator's code changes: build them against stand-in sources.
-# The workspace's other members, the Rust client, the benchmark and the
-# sidecar, are not built here, but cargo reads their manifests: each gets a
-# stand-in library (and the sidecar a stand-in binary).
+# The workspace's other members, the Rust client, the benchmark, the
+# sidecar and the tests' shared harnesses, are not built here, but cargo
+# reads their manifests: each gets a stand-in library (and the sidecar a
+# stand-in binary).
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY clients/rust/Cargo.toml clients/rust/Cargo.toml
 COPY bench/Cargo.toml bench/Cargo.toml
 COPY sidecar/Cargo.toml sidecar/Cargo.toml
+COPY test-support/Cargo.toml test-support/Cargo.toml
 COPY proto proto
-RUN mkdir -p src clients/rust/src bench/src sidecar/src \
+RUN mkdir -p src clients/rust/src bench/src sidecar/src test-support/src \
  && echo 'fn main() {}' > src/main.rs \
  && echo 'fn main() {}' > sidecar/src/main.rs \
- && touch src/lib.rs clients/rust/src/lib.rs bench/src/lib.rs sidecar/src/lib.rs \
- && cargo build --release --locked --bin idempotency-coordinator \
+ && touch src/lib.rs clients/rust/src/lib.rs bench/src/lib.rs sidecar/src/lib.rs test-support/src/lib.rs \
+ && cargo build --release --locked --no-default-features --bin idempotency-coordinator \
  && rm -rf src sidecar/src clients/rust/src
 
 COPY sql sql
@@ -37,7 +41,7 @@ COPY sidecar sidecar
 # The stand-ins' outputs are older than the real sources only by mtime
 # order of the copy; touch so cargo rebuilds the crates themselves.
 RUN touch src/main.rs src/lib.rs clients/rust/src/lib.rs sidecar/src/main.rs sidecar/src/lib.rs \
- && cargo build --release --locked --bin idempotency-coordinator --bin idempotency-sidecar \
+ && cargo build --release --locked --no-default-features --bin idempotency-coordinator --bin idempotency-sidecar \
  && cp target/release/idempotency-coordinator /idempotency-coordinator \
  && cp target/release/idempotency-sidecar /idempotency-sidecar
 

@@ -14,7 +14,7 @@ use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::auth::AuthError;
 use crate::domain::{Refusal, TooManyWaiters};
-use crate::metrics;
+use crate::metrics::Metrics;
 use crate::store::StoreError;
 
 /// The `ErrorInfo.domain` of every error this service returns.
@@ -82,10 +82,16 @@ fn describe(violations: &[Violation]) -> String {
         .join("; ")
 }
 
-impl From<StoreError> for Error {
-    fn from(error: StoreError) -> Self {
+impl Error {
+    /// The call's error for a store failure, counted in `metrics`: a
+    /// database failure by its kind, a refusal by its reason. (No `From`:
+    /// every call's store failure is counted in its server's metrics.)
+    pub fn from_store(error: StoreError, metrics: &Metrics) -> Self {
         if let Some(kind) = error.kind() {
-            metrics::database_error(kind);
+            metrics.database_error(kind);
+        }
+        if let StoreError::Refused(refusal) = &error {
+            metrics.refused(refused(*refusal).1);
         }
         match error {
             StoreError::Refused(refusal) => Error::Refused(refusal),
@@ -109,6 +115,17 @@ pub fn cause_chain(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
+/// A refusal's code and `ErrorInfo` reason.
+fn refused(refusal: Refusal) -> (Code, &'static str) {
+    match refusal {
+        Refusal::NotFound => (Code::NotFound, "RECORD_NOT_FOUND"),
+        Refusal::LeaseLost => (Code::Aborted, "LEASE_LOST"),
+        Refusal::LeaseExpired => (Code::Aborted, "LEASE_EXPIRED"),
+        Refusal::AlreadyCompleted => (Code::FailedPrecondition, "ALREADY_COMPLETED"),
+        Refusal::WrongStatus => (Code::FailedPrecondition, "WRONG_STATUS"),
+    }
+}
+
 fn status(code: Code, reason: &str, message: String, mut details: ErrorDetails) -> Status {
     details.set_error_info(reason, ERROR_DOMAIN, []);
     Status::with_error_details(code, message, details)
@@ -126,14 +143,7 @@ impl From<Error> for Status {
                 status(Code::InvalidArgument, "INVALID_ARGUMENT", message, details)
             }
             Error::Refused(refusal) => {
-                let (code, reason) = match refusal {
-                    Refusal::NotFound => (Code::NotFound, "RECORD_NOT_FOUND"),
-                    Refusal::LeaseLost => (Code::Aborted, "LEASE_LOST"),
-                    Refusal::LeaseExpired => (Code::Aborted, "LEASE_EXPIRED"),
-                    Refusal::AlreadyCompleted => (Code::FailedPrecondition, "ALREADY_COMPLETED"),
-                    Refusal::WrongStatus => (Code::FailedPrecondition, "WRONG_STATUS"),
-                };
-                metrics::refused(reason);
+                let (code, reason) = refused(refusal);
                 status(code, reason, message, ErrorDetails::new())
             }
             Error::Unavailable(ref source) => {

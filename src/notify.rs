@@ -31,7 +31,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::{Record, RecordId, Refusal, Scope, Tenant, TooManyWaiters, WaiterLimits};
-use crate::metrics;
+use crate::metrics::{self, Metrics};
 use crate::store::{Change, StoreError};
 
 /// How often waiters re-read while the listener is down.
@@ -154,12 +154,15 @@ pub struct Hub {
     /// On Citus, the sessions on the other nodes all listen (always on
     /// plain PostgreSQL).
     nodes: std::sync::atomic::AtomicBool,
+    /// Where refused waiters are counted.
+    metrics: Metrics,
 }
 
 impl Hub {
-    pub fn new(limits: WaiterLimits) -> Arc<Self> {
+    pub fn new(limits: WaiterLimits, metrics: Metrics) -> Arc<Self> {
         Arc::new(Hub {
             limits,
+            metrics,
             per_tenant: Mutex::new(HashMap::new()),
             records: Topics::new(),
             scopes: Topics::new(),
@@ -171,6 +174,11 @@ impl Hub {
         })
     }
 
+    /// The server's metrics, which the hub records into.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     fn per_tenant(&self) -> MutexGuard<'_, HashMap<Tenant, usize>> {
         self.per_tenant.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -179,12 +187,12 @@ impl Hub {
     fn admit(&self, tenant: &Tenant, kind: metrics::Waiter) -> Result<(), TooManyWaiters> {
         let mut per_tenant = self.per_tenant();
         if self.waiters.load(Ordering::SeqCst) >= self.limits.total {
-            metrics::waiter_refused(kind, false);
+            self.metrics.waiter_refused(kind, false);
             return Err(TooManyWaiters::Server);
         }
         let count = per_tenant.entry(tenant.clone()).or_insert(0);
         if *count >= self.limits.per_tenant {
-            metrics::waiter_refused(kind, true);
+            self.metrics.waiter_refused(kind, true);
             return Err(TooManyWaiters::Tenant);
         }
         *count += 1;
@@ -460,10 +468,13 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn while_the_listener_is_down_waiters_are_woken_to_poll_and_only_then() {
-        let hub = Hub::new(WaiterLimits {
-            total: 10,
-            per_tenant: 10,
-        });
+        let hub = Hub::new(
+            WaiterLimits {
+                total: 10,
+                per_tenant: 10,
+            },
+            Metrics::new(),
+        );
         let mut subscription = hub.subscribe(&record()).unwrap();
         let stop = CancellationToken::new();
         let polling = tokio::spawn({
@@ -491,10 +502,13 @@ mod tests {
 
     #[test]
     fn waiters_share_their_topic_and_the_last_to_leave_removes_it() {
-        let hub = Hub::new(WaiterLimits {
-            total: 10,
-            per_tenant: 10,
-        });
+        let hub = Hub::new(
+            WaiterLimits {
+                total: 10,
+                per_tenant: 10,
+            },
+            Metrics::new(),
+        );
         let first = hub.subscribe(&record()).unwrap();
         let second = hub.subscribe(&record()).unwrap();
         assert!(Arc::ptr_eq(&first.id, &second.id), "one copy of the id");

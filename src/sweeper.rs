@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::domain::{SweepCounts, Tenant};
 use crate::error::cause_chain;
-use crate::metrics::{self, SweepOutcome};
+use crate::metrics::SweepOutcome;
 use crate::recovery::Webhook;
 use crate::store::{Store, StoreError};
 
@@ -103,7 +103,9 @@ impl Sweeper {
                     break; // another replica took over between batches
                 };
                 total += counts;
-                metrics::swept(counts.expired_deleted, counts.leases_reclaimed);
+                self.store
+                    .metrics()
+                    .swept(counts.expired_deleted, counts.leases_reclaimed);
                 let n = u64::from(n);
                 if counts.expired_deleted < n && counts.leases_reclaimed < n {
                     break; // nothing more of either kind
@@ -176,7 +178,10 @@ async fn round(sweeper: &Sweeper, totals: &SweepTotals, webhook: Option<&Webhook
         Err(_) => SweepOutcome::Failed,
     };
     let due = swept.as_ref().ok().and_then(|c| c.map(|c| c.retries_due));
-    metrics::sweep_round(outcome, started.elapsed(), due);
+    sweeper
+        .store
+        .metrics()
+        .sweep_round(outcome, started.elapsed(), due);
     match swept {
         Ok(Some(counts)) => {
             totals.add(&counts);

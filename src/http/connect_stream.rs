@@ -122,7 +122,7 @@ pub(super) async fn serve(
     match answer {
         Ok(response) => response,
         Err(e) => {
-            super::log_refusal(&e);
+            super::log_refusal(door, &e);
             let end = end_stream(Some(&error_json(&door.schema, &e)), &HeaderMap::new());
             let body = http_body_util::Full::new(end).boxed_unsync();
             streaming_response(codec, body)

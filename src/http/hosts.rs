@@ -14,7 +14,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt as _, Full};
 
-use crate::metrics;
+use crate::metrics::{self, Metrics};
 use crate::transport::HttpBody;
 
 /// The host names answered besides IP addresses and localhost.
@@ -77,8 +77,8 @@ fn normal(name: &str) -> String {
 
 /// The answer to a request for another host, counted as refused
 /// (`reason="unknown_host"`); the host is not echoed.
-pub fn misdirected() -> Response<HttpBody> {
-    metrics::request_refused(metrics::Port::Http, "unknown_host");
+pub fn misdirected(metrics: &Metrics) -> Response<HttpBody> {
+    metrics.request_refused(metrics::Port::Http, "unknown_host");
     tracing::debug!("HTTP request for a host not answered to refused");
     let text = "this server does not answer to this Host: add the name to --http-allowed-hosts\n";
     let mut response = Response::new(Full::new(Bytes::from_static(text.as_bytes())).boxed_unsync());

@@ -240,12 +240,12 @@ impl Door {
         if let Err(e) = well_formed(&request) {
             return match path.starts_with(connect::SERVICE_PREFIX) {
                 true => connect::refuse(&self, &e),
-                false => workflow::refuse(&e),
+                false => workflow::refuse(&self, &e),
             };
         }
         let console = self.console.is_some() && path.starts_with(console::PREFIX);
         if (console || !self.auth.is_on()) && !self.hosts.allow(&request) {
-            return hosts::misdirected();
+            return hosts::misdirected(self.admission.metrics());
         }
         if console {
             return console::serve(&self, request, call).await;
@@ -274,9 +274,9 @@ impl Door {
             ("/health", Method::GET | Method::HEAD) => {
                 workflow::health(&self, &request, call).await
             }
-            ("/acquire" | "/complete", _) => workflow::refuse(&DoorError::MethodNotAllowed),
-            ("/health", _) => workflow::refuse(&DoorError::MethodNotAllowed),
-            _ => workflow::refuse(&DoorError::NoRoute),
+            ("/acquire" | "/complete", _) => workflow::refuse(&self, &DoorError::MethodNotAllowed),
+            ("/health", _) => workflow::refuse(&self, &DoorError::MethodNotAllowed),
+            _ => workflow::refuse(&self, &DoorError::NoRoute),
         }
     }
 

@@ -177,9 +177,9 @@ impl DoorError {
 /// in the log (debug: callers' mistakes are theirs; the Coordinator logged
 /// its own failures with their causes), every client-controlled character
 /// escaped (a field name may hold a newline).
-pub(super) fn log_refusal(error: &DoorError) {
+pub(super) fn log_refusal(door: &super::Door, error: &DoorError) {
     if let Some(reason) = error.metric_reason() {
-        crate::transport::refused(metrics::Port::Http, reason);
+        crate::transport::refused(door.admission.metrics(), metrics::Port::Http, reason);
     }
     let (message, reason) = refusal_log_fields(error);
     tracing::debug!(error = %message, %reason, "HTTP request refused");

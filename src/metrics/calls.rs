@@ -3,7 +3,7 @@
 //! or record.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -13,7 +13,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 use tonic::Code;
 
-use super::{HistogramFamily, METRICS, series};
+use super::{HistogramFamily, Metrics, series};
 use crate::domain::Decision;
 
 /// The services and methods this server answers: the only values the
@@ -185,13 +185,12 @@ impl Calls {
     }
 }
 
-/// Whether Acquire decisions are also counted by scope.
-static SCOPE_LABELS: AtomicBool = AtomicBool::new(false);
-
-/// Counts Acquire decisions by scope as well (`--metrics-scope-labels`).
-/// Scopes are chosen by callers: every scope seen becomes a series.
-pub fn set_scope_labels(on: bool) {
-    SCOPE_LABELS.store(on, Ordering::Relaxed);
+impl Metrics {
+    /// Counts Acquire decisions by scope as well (`--metrics-scope-labels`).
+    /// Scopes are chosen by callers: every scope seen becomes a series.
+    pub fn set_scope_labels(&self, on: bool) {
+        self.0.scope_labels.store(on, Ordering::Relaxed);
+    }
 }
 
 /// The canonical name of a gRPC status code.
@@ -273,15 +272,18 @@ fn method_of(path: &str) -> Method {
 /// before its status was sent), it counts as CANCELLED.
 #[derive(Debug)]
 pub struct Rpc {
+    metrics: Metrics,
     method: Method,
     started: Instant,
     finished: bool,
 }
 
 impl Rpc {
-    /// A call to `path` (`/package.Service/Method`) starts now.
-    pub fn start(path: &str) -> Self {
+    /// A call to `path` (`/package.Service/Method`) starts now, counted
+    /// in `metrics`.
+    pub fn start(metrics: &Metrics, path: &str) -> Self {
         Rpc {
+            metrics: metrics.clone(),
             method: method_of(path),
             started: Instant::now(),
             finished: false,
@@ -295,7 +297,7 @@ impl Rpc {
 
     fn record(&mut self, code: Code) {
         self.finished = true;
-        let m = &METRICS.calls;
+        let m = &self.metrics.0.calls;
         let method = &m.series[self.method.slot];
         let labels = &self.method.labels;
         method.calls[code as usize]
@@ -323,32 +325,36 @@ impl Drop for Rpc {
     }
 }
 
-/// An Acquire answered `decision` for `scope`; `takeover` when it took
-/// over a lease that ran out.
-pub fn acquired(decision: Decision, scope: &str, takeover: bool) {
-    let m = &METRICS.calls;
-    m.decision_series[decision as usize].inc();
-    if SCOPE_LABELS.load(Ordering::Relaxed) {
-        m.decisions_by_scope
-            .get_or_create(&ScopeDecisionLabels {
-                decision: decision.name(),
-                scope: scope.to_owned(),
-            })
-            .inc();
-    }
-    if takeover {
-        m.takeovers.inc();
+impl Metrics {
+    /// An Acquire answered `decision` for `scope`; `takeover` when it took
+    /// over a lease that ran out.
+    pub fn acquired(&self, decision: Decision, scope: &str, takeover: bool) {
+        let m = &self.0.calls;
+        m.decision_series[decision as usize].inc();
+        if self.0.scope_labels.load(Ordering::Relaxed) {
+            m.decisions_by_scope
+                .get_or_create(&ScopeDecisionLabels {
+                    decision: decision.name(),
+                    scope: scope.to_owned(),
+                })
+                .inc();
+        }
+        if takeover {
+            m.takeovers.inc();
+        }
     }
 }
 
-/// A call on a lease or record was refused for `reason` (the status's
-/// ErrorInfo reason, e.g. `LEASE_LOST`).
-pub fn refused(reason: &'static str) {
-    METRICS
-        .calls
-        .refusals
-        .get_or_create(&ReasonLabels { reason })
-        .inc();
+impl Metrics {
+    /// A call on a lease or record was refused for `reason` (the status's
+    /// ErrorInfo reason, e.g. `LEASE_LOST`).
+    pub fn refused(&self, reason: &'static str) {
+        self.0
+            .calls
+            .refusals
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
 }
 
 #[cfg(test)]
@@ -405,19 +411,20 @@ mod tests {
     #[test]
     fn every_call_counts_in_the_exported_series_of_its_code() {
         let path = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo";
+        let metrics = Metrics::new();
         let exported = |code: &'static str| {
             let labels = RpcLabels {
                 service: "grpc.reflection.v1alpha.ServerReflection",
                 method: "ServerReflectionInfo",
                 code,
             };
-            METRICS.calls.rpcs.get_or_create(&labels).get()
+            metrics.0.calls.rpcs.get_or_create(&labels).get()
         };
         let before = (exported("OK"), exported("DATA_LOSS"));
         for _ in 0..3 {
-            Rpc::start(path).finish(Code::DataLoss);
+            Rpc::start(&metrics, path).finish(Code::DataLoss);
         }
-        Rpc::start(path).finish(Code::Ok);
+        Rpc::start(&metrics, path).finish(Code::Ok);
         assert_eq!(
             (exported("OK"), exported("DATA_LOSS")),
             (before.0 + 1, before.1 + 3)
@@ -426,10 +433,12 @@ mod tests {
 
     #[test]
     fn each_decision_counts_in_its_own_series() {
+        let metrics = Metrics::new();
         for (at, decision) in Decision::ALL.into_iter().enumerate() {
             assert_eq!(decision as usize, at, "{decision:?}");
             let exported = || {
-                METRICS
+                metrics
+                    .0
                     .calls
                     .decisions
                     .get_or_create(&DecisionLabels {
@@ -438,7 +447,7 @@ mod tests {
                     .get()
             };
             let before = exported();
-            acquired(decision, "s", false);
+            metrics.acquired(decision, "s", false);
             assert!(exported() > before, "{decision:?}");
         }
     }

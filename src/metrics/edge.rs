@@ -5,7 +5,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
-use super::METRICS;
+use super::Metrics;
 
 /// The reasons a request is refused at the edge that both ports share,
 /// created at zero.
@@ -70,16 +70,18 @@ impl Port {
     }
 }
 
-/// A request was refused at the edge (admission, or the HTTP/JSON door)
-/// before any service saw it; `reason` is one of a fixed set (see the
-/// metric's help).
-pub fn request_refused(port: Port, reason: &'static str) {
-    METRICS
-        .edge
-        .requests_refused
-        .get_or_create(&PortReasonLabels {
-            port: port.label(),
-            reason,
-        })
-        .inc();
+impl Metrics {
+    /// A request was refused at the edge (admission, or the HTTP/JSON door)
+    /// before any service saw it; `reason` is one of a fixed set (see the
+    /// metric's help).
+    pub fn request_refused(&self, port: Port, reason: &'static str) {
+        self.0
+            .edge
+            .requests_refused
+            .get_or_create(&PortReasonLabels {
+                port: port.label(),
+                reason,
+            })
+            .inc();
+    }
 }

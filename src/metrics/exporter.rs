@@ -14,7 +14,7 @@ use hyper::{Method as HttpMethod, Request, Response, StatusCode, header};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
-use super::METRICS;
+use super::Metrics;
 use super::snapshot::{Snapshot, apply};
 
 /// Scrape connections open at once; past it, a new one closes the one idle
@@ -55,16 +55,26 @@ impl Format {
     }
 }
 
-/// Every metric, with the state in `snapshot`, in `format`.
-pub fn render(format: Format, snapshot: &Snapshot) -> String {
-    apply(snapshot);
+impl Metrics {
+    /// Every metric, with the state in `snapshot`, in `format`.
+    pub fn render(&self, format: Format, snapshot: &Snapshot) -> String {
+        render(&self.0, format, snapshot)
+    }
+
+    /// Serves `GET /metrics` on `listener` until the future is dropped or
+    /// aborted, reading the state from `snapshot` at each scrape.
+    pub async fn serve(&self, listener: TcpListener, snapshot: SnapshotFn) {
+        serve(self.clone(), listener, snapshot).await;
+    }
+}
+
+fn render(m: &super::Registered, format: Format, snapshot: &Snapshot) -> String {
+    apply(m, snapshot);
     let mut text = String::with_capacity(16 * 1024);
     let encoded = match format {
-        Format::OpenMetrics => {
-            prometheus_client::encoding::text::encode(&mut text, &METRICS.registry)
-        }
+        Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut text, &m.registry),
         Format::Prometheus => {
-            prometheus_client::encoding::prometheus_text::encode(&mut text, &METRICS.registry)
+            prometheus_client::encoding::prometheus_text::encode(&mut text, &m.registry)
         }
     };
     // Writing into a String cannot fail; a metric that could not encode
@@ -76,7 +86,11 @@ pub fn render(format: Format, snapshot: &Snapshot) -> String {
 /// What reads the state at scrape time.
 pub type SnapshotFn = Arc<dyn Fn() -> Snapshot + Send + Sync>;
 
-fn answer(request: &Request<Incoming>, snapshot: &SnapshotFn) -> Response<String> {
+fn answer(
+    metrics: &Metrics,
+    request: &Request<Incoming>,
+    snapshot: &SnapshotFn,
+) -> Response<String> {
     let plain = |status: StatusCode, text: &str| {
         let mut response = Response::new(format!("{text}\n"));
         *response.status_mut() = status;
@@ -102,7 +116,7 @@ fn answer(request: &Request<Incoming>, snapshot: &SnapshotFn) -> Response<String
             .get(header::ACCEPT)
             .and_then(|v| v.to_str().ok()),
     );
-    let mut response = Response::new(render(format, &snapshot()));
+    let mut response = Response::new(metrics.render(format, &snapshot()));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         header::HeaderValue::from_static(format.content_type()),
@@ -174,12 +188,13 @@ impl Drop for Open {
     }
 }
 
-/// Serves `GET /metrics` over plain HTTP/1.1 on `listener` until the task is
-/// aborted, reading the state from `snapshot` at each scrape. At most
+/// Serves `metrics` at `GET /metrics` over plain HTTP/1.1 on `listener`
+/// until the task is aborted, reading the state from `snapshot` at each
+/// scrape. At most
 /// `MAX_SCRAPE_CONNECTIONS` connections are open at once, each given at
 /// most `SCRAPE_HEADER_TIMEOUT` for a request head; past the cap a new
 /// connection takes the place of the one idle longest.
-pub async fn serve(listener: TcpListener, snapshot: SnapshotFn) {
+async fn serve(metrics: Metrics, listener: TcpListener, snapshot: SnapshotFn) {
     let scrapers = Arc::new(Scrapers::default());
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -198,12 +213,13 @@ pub async fn serve(listener: TcpListener, snapshot: SnapshotFn) {
             tokio::time::sleep(SCRAPE_EVICTABLE_AFTER / 5).await;
         }
         let snapshot = Arc::clone(&snapshot);
+        let metrics = metrics.clone();
         let seen = Arc::clone(&scrapers);
         let connection = http.serve_connection(
             TokioIo::new(stream),
             service_fn(move |request| {
                 seen.active(id);
-                let response = answer(&request, &snapshot);
+                let response = answer(&metrics, &request, &snapshot);
                 async move { Ok::<_, Infallible>(response) }
             }),
         );
@@ -245,20 +261,19 @@ mod tests {
 
     #[test]
     fn both_formats_carry_the_metrics_and_openmetrics_ends_with_eof() {
-        // The registry is process-wide: other tests of this binary may add
-        // to it, so only presence is checked here.
-        Rpc::start("/idempotency.v1.Coordinator/Get").finish(Code::NotFound);
+        let metrics = Metrics::new();
+        Rpc::start(&metrics, "/idempotency.v1.Coordinator/Get").finish(Code::NotFound);
         let snapshot = Snapshot {
             pool_max_size: 7,
             ..Snapshot::default()
         };
-        let open = render(Format::OpenMetrics, &snapshot);
+        let open = metrics.render(Format::OpenMetrics, &snapshot);
         assert!(open.ends_with("# EOF\n"), "{open}");
         assert!(open.contains("idempotency_db_pool_max_size 7\n"), "{open}");
         assert!(open.contains(
             "idempotency_rpcs_total{service=\"idempotency.v1.Coordinator\",method=\"Get\",code=\"NOT_FOUND\"}"
         ));
-        let prom = render(Format::Prometheus, &snapshot);
+        let prom = metrics.render(Format::Prometheus, &snapshot);
         assert!(!prom.contains("# EOF"));
         assert!(
             prom.contains("# TYPE idempotency_rpcs_total counter"),

@@ -2,13 +2,11 @@
 //! HTTP listener (`--metrics-listen`) that serves them at `GET /metrics`.
 //!
 //! Nearly a leaf: of ours it uses only `domain`'s names of Acquire's
-//! decisions (and `domain` uses nothing of ours), so every layer may call
-//! it. The metrics live in one process-wide registry (a `LazyLock` static),
-//! so that recording a value needs no handle threaded through constructors:
-//! a call such as `metrics::replay_lookup(true)` is all a layer adds. The
-//! price is that servers sharing a process (the in-process test servers)
-//! share counters; tests that read exact values start a server process of
-//! their own.
+//! decisions (and `domain` uses nothing of ours), so every layer may use
+//! it. There is no process-wide registry: a server's [`Metrics`] (one
+//! registry, cheap to clone) is handed to what records, like the store and
+//! the hub are: the store gets it in its `StoreConfig` and hands it on
+//! (`Store::metrics`), so two servers in one process count apart.
 //!
 //! Labels are bounded: methods and gRPC codes come from fixed tables (a path
 //! no service answers is `unknown`), kinds and reasons are enumerations.
@@ -37,7 +35,8 @@
 //!
 //! `docs/operations.md` lists every metric, its labels and the alerts on it.
 
-use std::sync::LazyLock;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
@@ -53,16 +52,13 @@ mod store;
 mod sweeper;
 mod waiters;
 
-pub use calls::{Rpc, acquired, refused, set_scope_labels};
-pub use edge::{Port, request_refused};
-pub use exporter::{Format, MAX_SCRAPE_CONNECTIONS, SnapshotFn, render, serve};
-pub use readiness::{listener_connected, ready};
+pub use calls::Rpc;
+pub use edge::Port;
+pub use exporter::{Format, MAX_SCRAPE_CONNECTIONS, SnapshotFn};
 pub use snapshot::Snapshot;
-pub use store::{
-    BatchKind, DatabaseError, batch_ran, batches_pipelined, database_error, replay_lookup,
-};
-pub use sweeper::{SweepOutcome, sweep_round, swept};
-pub use waiters::{OpenStream, Stream, Waiter, stream_opened, waiter_refused};
+pub use store::{BatchKind, DatabaseError};
+pub use sweeper::SweepOutcome;
+pub use waiters::{OpenStream, Stream, Waiter};
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
@@ -78,9 +74,36 @@ where
     family.get_or_create(labels).clone()
 }
 
-/// Every metric of the process, by area, and the registry that encodes
+/// A server's metrics: what every layer records into, and the registry
+/// that encodes them. Clones share the same registry and counters.
+#[derive(Clone)]
+pub struct Metrics(Arc<Registered>);
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// A registry of its own, with every series created at zero.
+    pub fn new() -> Self {
+        Metrics(Arc::new(Registered::new()))
+    }
+}
+
+/// Every metric of one server, by area, and the registry that encodes
 /// them.
-struct Metrics {
+struct Registered {
+    /// Whether Acquire decisions are also counted by scope
+    /// (`--metrics-scope-labels`).
+    scope_labels: AtomicBool,
     registry: Registry,
     calls: calls::Calls,
     edge: edge::Edge,
@@ -91,7 +114,7 @@ struct Metrics {
     connections: snapshot::Connections,
 }
 
-impl Metrics {
+impl Registered {
     /// Every area's metrics, registered in the order a scrape lists them.
     fn new() -> Self {
         let mut registry = Registry::with_prefix("idempotency");
@@ -108,8 +131,9 @@ impl Metrics {
         let readiness = readiness::Readiness::new(r);
         let sweeper = sweeper::Sweeper::new(r);
         let connections = snapshot::Connections::new(r);
-        Metrics {
+        Registered {
             registry,
+            scope_labels: AtomicBool::new(false),
             calls,
             edge,
             store,
@@ -120,5 +144,3 @@ impl Metrics {
         }
     }
 }
-
-static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);

@@ -5,7 +5,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use super::METRICS;
+use super::Metrics;
 
 /// Readiness's metrics.
 pub(super) struct Readiness {
@@ -41,16 +41,20 @@ impl Readiness {
     }
 }
 
-/// Readiness turned SERVING (`true`) or NOT_SERVING.
-pub fn ready(up: bool) {
-    METRICS.readiness.ready.set(i64::from(up));
+impl Metrics {
+    /// Readiness turned SERVING (`true`) or NOT_SERVING.
+    pub fn ready(&self, up: bool) {
+        self.0.readiness.ready.set(i64::from(up));
+    }
 }
 
-/// The LISTEN connection went up (a new session) or down.
-pub fn listener_connected(up: bool) {
-    let m = &METRICS.readiness;
-    m.listener_connected.set(i64::from(up));
-    if up {
-        m.listener_connections.inc();
+impl Metrics {
+    /// The LISTEN connection went up (a new session) or down.
+    pub fn listener_connected(&self, up: bool) {
+        let m = &self.0.readiness;
+        m.listener_connected.set(i64::from(up));
+        if up {
+            m.listener_connections.inc();
+        }
     }
 }

@@ -5,7 +5,7 @@
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use super::METRICS;
+use super::Registered;
 
 /// The state read when a scrape arrives.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -40,8 +40,7 @@ pub(super) fn count(n: usize) -> i64 {
 }
 
 /// Sets every gauge read from state to what `snapshot` holds.
-pub(super) fn apply(snapshot: &Snapshot) {
-    let m = &*METRICS;
+pub(super) fn apply(m: &Registered, snapshot: &Snapshot) {
     m.connections.apply(snapshot);
     m.store.apply(snapshot);
     m.waiters.apply(snapshot);

@@ -9,7 +9,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
 use super::snapshot::{Snapshot, count};
-use super::{HistogramFamily, METRICS, series};
+use super::{HistogramFamily, Metrics, series};
 
 /// Calls per batch statement: 1 up to the largest `--batch-size` (1000).
 const BATCH_BUCKETS: [f64; 11] = [
@@ -173,13 +173,15 @@ impl DatabaseError {
     }
 }
 
-/// A call failed on the database.
-pub fn database_error(kind: DatabaseError) {
-    METRICS
-        .store
-        .database_errors
-        .get_or_create(&KindLabels { kind: kind.label() })
-        .inc();
+impl Metrics {
+    /// A call failed on the database.
+    pub fn database_error(&self, kind: DatabaseError) {
+        self.0
+            .store
+            .database_errors
+            .get_or_create(&KindLabels { kind: kind.label() })
+            .inc();
+    }
 }
 
 /// Which hot call a batch carries.
@@ -200,29 +202,35 @@ impl BatchKind {
     }
 }
 
-/// A batch worker sends one statement carrying `calls` calls of `kind` (0:
-/// none of that kind, and nothing is counted for it). One statement may
-/// carry both kinds; each is counted as its own batch.
-pub fn batch_ran(kind: BatchKind, calls: usize) {
-    if calls == 0 {
-        return;
-    }
-    let (batch_size, group_commits) = &METRICS.store.batch_series[kind as usize];
-    batch_size.observe(calls as f64);
-    if calls > 1 {
-        group_commits.inc();
+impl Metrics {
+    /// A batch worker sends one statement carrying `calls` calls of `kind` (0:
+    /// none of that kind, and nothing is counted for it). One statement may
+    /// carry both kinds; each is counted as its own batch.
+    pub fn batch_ran(&self, kind: BatchKind, calls: usize) {
+        if calls == 0 {
+            return;
+        }
+        let (batch_size, group_commits) = &self.0.store.batch_series[kind as usize];
+        batch_size.observe(calls as f64);
+        if calls > 1 {
+            group_commits.inc();
+        }
     }
 }
 
-/// Batches switched to going two at a time, pipelined on one connection
-/// (`on`), or one at a time.
-pub fn batches_pipelined(on: bool) {
-    METRICS.store.pipelined.set(i64::from(on));
+impl Metrics {
+    /// Batches switched to going two at a time, pipelined on one connection
+    /// (`on`), or one at a time.
+    pub fn batches_pipelined(&self, on: bool) {
+        self.0.store.pipelined.set(i64::from(on));
+    }
 }
 
-/// An Acquire was looked up in the replay cache.
-pub fn replay_lookup(hit: bool) {
-    METRICS.store.replay_series[usize::from(hit)].inc();
+impl Metrics {
+    /// An Acquire was looked up in the replay cache.
+    pub fn replay_lookup(&self, hit: bool) {
+        self.0.store.replay_series[usize::from(hit)].inc();
+    }
 }
 
 #[cfg(test)]
@@ -231,13 +239,14 @@ mod tests {
 
     #[test]
     fn each_kind_and_result_counts_in_its_own_series() {
-        let m = &METRICS.store;
+        let metrics = Metrics::new();
+        let m = &metrics.0.store;
         for (at, kind) in BatchKind::ALL.into_iter().enumerate() {
             assert_eq!(kind as usize, at, "{kind:?}");
             let labels = KindLabels { kind: kind.label() };
             let commits = || m.group_commits.get_or_create(&labels).get();
             let before = commits();
-            batch_ran(kind, 2);
+            metrics.batch_ran(kind, 2);
             assert!(commits() > before, "{kind:?}");
         }
         for hit in [false, true] {
@@ -249,7 +258,7 @@ mod tests {
                     .get()
             };
             let before = lookups();
-            replay_lookup(hit);
+            metrics.replay_lookup(hit);
             assert!(lookups() > before, "{result}");
         }
     }

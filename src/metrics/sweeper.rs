@@ -10,7 +10,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
-use super::METRICS;
+use super::Metrics;
 
 /// How long a sweeping round takes, in seconds.
 const SWEEP_BUCKETS: [f64; 10] = [0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0];
@@ -102,32 +102,36 @@ impl SweepOutcome {
     }
 }
 
-/// A background sweeping round ended after `took`; `retries_due` when it
-/// swept and counted them.
-pub fn sweep_round(outcome: SweepOutcome, took: Duration, retries_due: Option<u64>) {
-    let m = &METRICS.sweeper;
-    m.sweeps
-        .get_or_create(&OutcomeLabels {
-            outcome: outcome.label(),
-        })
-        .inc();
-    m.sweep_duration.observe(took.as_secs_f64());
-    if let Some(due) = retries_due {
-        m.retries_due.set(i64::try_from(due).unwrap_or(i64::MAX));
+impl Metrics {
+    /// A background sweeping round ended after `took`; `retries_due` when it
+    /// swept and counted them.
+    pub fn sweep_round(&self, outcome: SweepOutcome, took: Duration, retries_due: Option<u64>) {
+        let m = &self.0.sweeper;
+        m.sweeps
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.label(),
+            })
+            .inc();
+        m.sweep_duration.observe(took.as_secs_f64());
+        if let Some(due) = retries_due {
+            m.retries_due.set(i64::try_from(due).unwrap_or(i64::MAX));
+        }
     }
 }
 
-/// One sweeping transaction deleted and reclaimed this many records.
-pub fn swept(expired_deleted: u64, leases_reclaimed: u64) {
-    let m = &METRICS.sweeper;
-    m.swept
-        .get_or_create(&ActionLabels {
-            action: "expired_deleted",
-        })
-        .inc_by(expired_deleted);
-    m.swept
-        .get_or_create(&ActionLabels {
-            action: "leases_reclaimed",
-        })
-        .inc_by(leases_reclaimed);
+impl Metrics {
+    /// One sweeping transaction deleted and reclaimed this many records.
+    pub fn swept(&self, expired_deleted: u64, leases_reclaimed: u64) {
+        let m = &self.0.sweeper;
+        m.swept
+            .get_or_create(&ActionLabels {
+                action: "expired_deleted",
+            })
+            .inc_by(expired_deleted);
+        m.swept
+            .get_or_create(&ActionLabels {
+                action: "leases_reclaimed",
+            })
+            .inc_by(leases_reclaimed);
+    }
 }

@@ -7,7 +7,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use super::METRICS;
+use super::Metrics;
 use super::snapshot::{Snapshot, count};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -106,14 +106,16 @@ fn refused_labels(kind: Waiter, tenant: bool) -> RefusedWaiterLabels {
     RefusedWaiterLabels { kind, limit }
 }
 
-/// A waiter was refused: by the server's limit, or (`tenant`) by its
-/// tenant's.
-pub fn waiter_refused(kind: Waiter, tenant: bool) {
-    METRICS
-        .waiters
-        .waiters_refused
-        .get_or_create(&refused_labels(kind, tenant))
-        .inc();
+impl Metrics {
+    /// A waiter was refused: by the server's limit, or (`tenant`) by its
+    /// tenant's.
+    pub fn waiter_refused(&self, kind: Waiter, tenant: bool) {
+        self.0
+            .waiters
+            .waiters_refused
+            .get_or_create(&refused_labels(kind, tenant))
+            .inc();
+    }
 }
 
 /// A server-streaming method whose open streams are counted.
@@ -136,16 +138,19 @@ impl Stream {
 #[derive(Debug)]
 pub struct OpenStream(Gauge);
 
-/// A `stream` opens; it counts as open until the guard is dropped.
-pub fn stream_opened(stream: Stream) -> OpenStream {
-    let gauge = METRICS
-        .waiters
-        .streams_open
-        .get_or_create_owned(&StreamLabels {
-            method: stream.method(),
-        });
-    gauge.inc();
-    OpenStream(gauge)
+impl Metrics {
+    /// A `stream` opens; it counts as open until the guard is dropped.
+    pub fn stream_opened(&self, stream: Stream) -> OpenStream {
+        let gauge = self
+            .0
+            .waiters
+            .streams_open
+            .get_or_create_owned(&StreamLabels {
+                method: stream.method(),
+            });
+        gauge.inc();
+        OpenStream(gauge)
+    }
 }
 
 impl Drop for OpenStream {
@@ -160,15 +165,17 @@ mod tests {
 
     #[test]
     fn an_open_stream_counts_until_dropped() {
+        let metrics = Metrics::new();
         let gauge = || {
-            METRICS
+            metrics
+                .0
                 .waiters
                 .streams_open
                 .get_or_create_owned(&StreamLabels { method: "WatchDue" })
                 .get()
         };
         let before = gauge();
-        let stream = stream_opened(Stream::WatchDue);
+        let stream = metrics.stream_opened(Stream::WatchDue);
         assert_eq!(gauge(), before + 1);
         drop(stream);
         assert_eq!(gauge(), before);

@@ -139,7 +139,7 @@ impl CoordinatorService {
             .store
             .admin_act(&cmd, action, time)
             .await
-            .map_err(Error::from)?;
+            .map_err(|e| Error::from_store(e, self.store.metrics()))?;
         tracing::info!(
             action = action.name(),
             tenant = cmd.id.tenant.as_str(),
@@ -162,7 +162,7 @@ impl CoordinatorService {
             .store
             .admin_delete(&cmd.id, time)
             .await
-            .map_err(Error::from)?;
+            .map_err(|e| Error::from_store(e, self.store.metrics()))?;
         tracing::info!(
             action = "DELETE",
             tenant = cmd.id.tenant.as_str(),
@@ -188,7 +188,7 @@ impl CoordinatorService {
             .store
             .admin_list(&query, time)
             .await
-            .map_err(Error::from)?;
+            .map_err(|e| Error::from_store(e, self.store.metrics()))?;
         let next_page_token = if lines.len() == query.limit as usize {
             lines.last().map(|l| l.key.clone()).unwrap_or_default()
         } else {
@@ -212,7 +212,7 @@ impl CoordinatorService {
             .store
             .admin_summary(&query, time)
             .await
-            .map_err(Error::from)?;
+            .map_err(|e| Error::from_store(e, self.store.metrics()))?;
         Ok(encode::summary(summary))
     }
 }

@@ -67,7 +67,7 @@ pub async fn feed(
     config: FeedConfig,
     records: mpsc::Sender<Result<proto::DueRecord, Status>>,
 ) {
-    let _open = metrics::stream_opened(metrics::Stream::WatchDue);
+    let _open = store.metrics().stream_opened(metrics::Stream::WatchDue);
     let subscriber = uuid::Uuid::new_v4();
     loop {
         if records.capacity() == 0 {
@@ -109,7 +109,9 @@ pub async fn feed(
                 0
             }
             Err(e) => {
-                let _ = records.send(Err(Error::from(e).into())).await;
+                let _ = records
+                    .send(Err(Error::from_store(e, store.metrics()).into()))
+                    .await;
                 break;
             }
         };

@@ -27,7 +27,6 @@ use tracing::Instrument as _;
 use crate::auth::{Authenticator, Caller};
 use crate::domain::{AcquireCommand, AdminAction, Policy};
 use crate::error::Error;
-use crate::metrics;
 use crate::notify::Hub;
 use crate::proto;
 use crate::proto::acquire_request::RequestFingerprint;
@@ -129,8 +128,8 @@ impl CoordinatorService {
                     wait::acquire(&self.store, subscription, &cmd, window).await
                 }
             }
-            .map_err(Error::from)?;
-            metrics::acquired(
+            .map_err(|e| Error::from_store(e, self.store.metrics()))?;
+            self.store.metrics().acquired(
                 acquired.decision,
                 cmd.id.scope.as_str(),
                 acquired.took_over(),
@@ -218,7 +217,7 @@ impl Coordinator for CoordinatorService {
             .store
             .complete(&cmd, self.policy.backoff, call_time(budget))
             .await
-            .map_err(Error::from)?;
+            .map_err(|e| Error::from_store(e, self.store.metrics()))?;
         Ok(Response::new(proto::CompleteResponse {
             record: Some(encode::record(record)),
         }))
@@ -239,7 +238,7 @@ impl Coordinator for CoordinatorService {
             .store
             .extend_lease(&cmd, self.policy.max_lease_ttl, call_time(budget))
             .await
-            .map_err(Error::from)?;
+            .map_err(|e| Error::from_store(e, self.store.metrics()))?;
         Ok(Response::new(proto::ExtendLeaseResponse {
             lease: Some(encode::lease(&lease)),
         }))
@@ -257,7 +256,7 @@ impl Coordinator for CoordinatorService {
             .store
             .get(&id, call_time(budget))
             .await
-            .map_err(Error::from)?;
+            .map_err(|e| Error::from_store(e, self.store.metrics()))?;
         let token = token_wanted.then(|| CurrentLeaseToken(record.lease.token.to_string()));
         let mut response = Response::new(proto::GetResponse {
             record: Some(encode::record(record)),
@@ -287,7 +286,7 @@ impl Coordinator for CoordinatorService {
             .store
             .watch(&id, window, call_time(budget))
             .await
-            .map_err(Error::from)?;
+            .map_err(|e| Error::from_store(e, self.store.metrics()))?;
         let (events, stream) = tokio::sync::mpsc::channel(4);
         tokio::spawn(
             wait::follow(self.store.clone(), subscription, id, first, window, events)
@@ -347,7 +346,7 @@ impl Coordinator for CoordinatorService {
                 exclusive: false,
             })
             .await
-            .map_err(Error::from)?
+            .map_err(|e| Error::from_store(e, self.store.metrics()))?
             .unwrap_or_default();
         tracing::info!(
             dry_run = req.dry_run,
@@ -438,10 +437,13 @@ mod tests {
         CoordinatorService::new(
             store.clone(),
             Arc::new(Policy::default()),
-            Hub::new(WaiterLimits {
-                total: 10,
-                per_tenant: 10,
-            }),
+            Hub::new(
+                WaiterLimits {
+                    total: 10,
+                    per_tenant: 10,
+                },
+                crate::metrics::Metrics::new(),
+            ),
             Sweeper::new(store, 10),
             FeedConfig {
                 offer: Duration::from_secs(1),

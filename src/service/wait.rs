@@ -197,7 +197,7 @@ pub async fn follow(
     window: Duration,
     events: mpsc::Sender<Result<proto::WatchEvent, Status>>,
 ) {
-    let _open = metrics::stream_opened(metrics::Stream::Watch);
+    let _open = store.metrics().stream_opened(metrics::Stream::Watch);
     let end = Instant::now() + window;
     let mut last = first;
     if last.status != RecordStatus::Processing {
@@ -242,7 +242,9 @@ pub async fn follow(
                 continue;
             }
             Err(e) => {
-                let _ = events.send(Err(Error::from(e).into())).await;
+                let _ = events
+                    .send(Err(Error::from_store(e, store.metrics()).into()))
+                    .await;
                 return;
             }
         };

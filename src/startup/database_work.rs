@@ -12,7 +12,7 @@ use tonic_health::server::HealthReporter;
 
 use super::background::{Supervisor, Until};
 use crate::config::ServeConfig;
-use crate::metrics;
+use crate::metrics::Metrics;
 use crate::notify::Hub;
 use crate::proto::coordinator_server::CoordinatorServer;
 use crate::recovery::{Webhook, WebhookConfig};
@@ -75,10 +75,17 @@ impl DatabaseWork {
             sweep_interval,
             webhook,
         } = self;
-        let listener = Listener::new(pg, health_interval, store.clock().clone(), {
-            let hub = Arc::clone(&hub);
-            move |change| hub.on_change(change)
-        });
+        let metrics = store.metrics().clone();
+        let listener = Listener::new(
+            pg,
+            health_interval,
+            store.clock().clone(),
+            metrics.clone(),
+            {
+                let hub = Arc::clone(&hub);
+                move |change| hub.on_change(change)
+            },
+        );
         let probe = Probe::new(store, health_interval);
         let (listening, nodes, answering) =
             (listener.listening(), listener.nodes(), probe.answering());
@@ -88,7 +95,7 @@ impl DatabaseWork {
             follow_nodes(nodes, Arc::clone(&hub), reporter.clone(), stop)
         });
         background.spawn("readiness", Until::Drain, |stop| {
-            follow_database(listening, answering, hub, reporter, stop)
+            follow_database(listening, answering, (hub, metrics), reporter, stop)
         });
         if !sweep_interval.is_zero() {
             background.spawn("sweeper", Until::Drain, |stop| {
@@ -115,7 +122,7 @@ impl DatabaseWork {
 async fn follow_database(
     mut listening: watch::Receiver<bool>,
     mut answering: watch::Receiver<bool>,
-    hub: Arc<Hub>,
+    (hub, metrics): (Arc<Hub>, Metrics),
     reporter: HealthReporter,
     stop: CancellationToken,
 ) {
@@ -123,7 +130,7 @@ async fn follow_database(
         let notified = *listening.borrow_and_update();
         hub.set_connected(notified);
         let up = notified && *answering.borrow_and_update();
-        metrics::ready(up);
+        metrics.ready(up);
         if up {
             reporter
                 .set_serving::<CoordinatorServer<CoordinatorService>>()
@@ -141,7 +148,7 @@ async fn follow_database(
         if changed.is_err() {
             if !stop.is_cancelled() {
                 hub.set_connected(false);
-                metrics::ready(false);
+                metrics.ready(false);
                 reporter
                     .set_not_serving::<CoordinatorServer<CoordinatorService>>()
                     .await;
@@ -203,17 +210,20 @@ mod tests {
         for asked in [false, true] {
             let reporter = HealthReporter::new();
             let service = HealthService::from_health_reporter(reporter.clone());
-            let hub = Hub::new(WaiterLimits {
-                total: 10,
-                per_tenant: 10,
-            });
+            let hub = Hub::new(
+                WaiterLimits {
+                    total: 10,
+                    per_tenant: 10,
+                },
+                crate::metrics::Metrics::new(),
+            );
             let (listening, listening_rx) = watch::channel(true);
             let (_answering, answering_rx) = watch::channel(true);
             let stop = CancellationToken::new();
             let follow = tokio::spawn(follow_database(
                 listening_rx,
                 answering_rx,
-                Arc::clone(&hub),
+                (Arc::clone(&hub), hub.metrics().clone()),
                 reporter,
                 stop.clone(),
             ));

@@ -14,7 +14,7 @@ use super::StartupError;
 use super::background::Supervisor;
 use super::database::wait_for_database;
 use super::database_work::DatabaseWork;
-use crate::metrics;
+
 use crate::notify::Hub;
 use crate::proto::coordinator_server::CoordinatorServer;
 use crate::service::CoordinatorService;
@@ -105,7 +105,7 @@ async fn drain(
     reporter
         .set_not_serving::<CoordinatorServer<CoordinatorService>>()
         .await;
-    metrics::ready(false);
+    hub.metrics().ready(false);
     reporter
         .set_service_status("", ServingStatus::NotServing)
         .await;

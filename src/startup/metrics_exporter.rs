@@ -1,5 +1,5 @@
 //! The metrics port's wiring (`--metrics-listen`): the exporter
-//! ([`metrics::serve`]) run under the supervisor until the ports have
+//! (`Metrics::serve`, of the store's metrics) run under the supervisor until the ports have
 //! closed, reading the store's and the hub's state at each scrape.
 
 use std::sync::Arc;
@@ -25,13 +25,14 @@ pub(super) fn start(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "serving metrics at /metrics");
     }
+    let metrics = store.metrics().clone();
     let snapshot = snapshot(store, hub);
     background.spawn("metrics port", Until::Closed, |stop| async move {
         // The exporter serves until dropped: it stops here, between two
         // awaits, once asked to.
         tokio::select! {
             () = stop.cancelled() => {}
-            () = metrics::serve(listener, snapshot) => {}
+            () = metrics.serve(listener, snapshot) => {}
         }
     });
 }

@@ -42,7 +42,6 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::{Authenticator, CredentialsError};
 use crate::config::ServeConfig;
 use crate::error::cause_chain;
-use crate::metrics;
 use crate::notify::Hub;
 use crate::service::CoordinatorService;
 use crate::store::{self, Clock, Store, StoreError, UrlError, migrate};
@@ -215,12 +214,12 @@ impl Application {
             .as_deref()
             .map(ports::bind_unix)
             .transpose()?;
-        let waiter_limits = config.waiter_limits;
+        let hub = Hub::new(config.waiter_limits, store.metrics().clone());
         Ok(Application {
             listener,
             store,
             config,
-            hub: Hub::new(waiter_limits),
+            hub,
             sweep_totals: Arc::default(),
             auth,
             tls,
@@ -349,10 +348,17 @@ impl Application {
             Arc::clone(&auth),
         );
         let gate = database::gate(Arc::clone(&database_up));
-        let (admission, reporter) =
-            routes::admission(coordinator, gate, Arc::clone(&auth), &config).await?;
+        let (admission, reporter) = routes::admission(
+            coordinator,
+            gate,
+            (Arc::clone(&auth), store.metrics().clone()),
+            &config,
+        )
+        .await?;
         let http_door = HttpDoor::open(http_listener, &admission, Arc::clone(&auth), &config)?;
-        metrics::set_scope_labels(config.metrics_scope_labels);
+        store
+            .metrics()
+            .set_scope_labels(config.metrics_scope_labels);
         let connections =
             ports::connection_limits(&config, http_door.is_some(), metrics_listener.is_some());
 

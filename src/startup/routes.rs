@@ -11,6 +11,7 @@ use tonic_health::server::HealthReporter;
 use super::StartupError;
 use crate::auth::Authenticator;
 use crate::config::ServeConfig;
+use crate::metrics::Metrics;
 use crate::proto::{self, coordinator_server::CoordinatorServer};
 use crate::service::{ACQUIRE_PATH, AcquireRoute, CoordinatorService};
 use crate::transport::Admission;
@@ -25,7 +26,7 @@ pub(super) async fn admission(
     + Send
     + Sync
     + 'static,
-    auth: Arc<Authenticator>,
+    (auth, metrics): (Arc<Authenticator>, Metrics),
     config: &ServeConfig,
 ) -> Result<(Arc<Admission>, HealthReporter), StartupError> {
     let acquire = AcquireRoute::new(coordinator.clone(), gate.clone(), config.max_request_bytes);
@@ -34,7 +35,7 @@ pub(super) async fn admission(
     // why); the same gate and message limit as its route in `routes`.
     let admission = Admission::new(
         routes,
-        auth,
+        (auth, metrics),
         config.max_inflight_request_bytes,
         config.max_request_bytes,
         config.request_body_timeout,

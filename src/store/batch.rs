@@ -135,6 +135,8 @@ pub(super) struct Settings {
     /// a node that stopped answering does not hold up the calls of the
     /// other nodes queued behind its batch.
     pub connect_wait: Duration,
+    /// Where each batch is counted.
+    pub metrics: crate::metrics::Metrics,
 }
 
 struct Pending<C> {
@@ -180,7 +182,8 @@ impl<C: Call> Coalescer<C> {
         let receiver = Arc::new(Mutex::new(receiver));
         let queued = Arc::new(AtomicUsize::new(0));
         let settings = Arc::new(settings);
-        let flight = Arc::new(Flight::new(settings.auto.then(Company::new)));
+        let metrics = settings.metrics.clone();
+        let flight = Arc::new(Flight::new(settings.auto.then(|| Company::new(metrics))));
         for _ in 0..settings.workers.max(1) {
             tokio::spawn(work(
                 Arc::clone(&receiver),
@@ -473,7 +476,7 @@ async fn run_group<C: Call>(
 ) {
     for kind in crate::metrics::BatchKind::ALL {
         let calls = batch.iter().filter(|p| p.call.kind() == kind).count();
-        crate::metrics::batch_ran(kind, calls);
+        settings.metrics.batch_ran(kind, calls);
     }
     let limit = settings.query_timeout;
     let answer_by = batch.iter().filter_map(|p| p.answer_by).min();

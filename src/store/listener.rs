@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use super::clock::Clock;
 use super::connect_error::ConnectError;
 use crate::domain::{Key, RecordId, Scope, Tenant};
+use crate::metrics::Metrics;
 
 /// The channel the SQL functions notify a watched record's change on
 /// (payload: tenant, scope and key, one a line).
@@ -80,6 +81,8 @@ pub struct Listener {
     /// On Citus, each other node (host:port) and whether its session
     /// listens.
     nodes: watch::Sender<NodeStates>,
+    /// Where whether it listens is exported.
+    metrics: Metrics,
 }
 
 /// Each other node of a Citus cluster (host:port) and whether the
@@ -89,11 +92,12 @@ pub type NodeStates = Vec<(String, bool)>;
 impl Listener {
     /// A listener that, once running, keeps a connection to `pg`,
     /// reconnecting every `interval`, and hands every notification to
-    /// `on_change`.
+    /// `on_change`; whether it listens is exported in `metrics`.
     pub fn new(
         pg: super::Postgres,
         interval: Duration,
         clock: Clock,
+        metrics: Metrics,
         on_change: impl Fn(Change) + Send + Sync + 'static,
     ) -> Listener {
         Listener {
@@ -103,6 +107,7 @@ impl Listener {
             on_change: Arc::new(on_change),
             state: watch::Sender::new(false),
             nodes: watch::Sender::new(Vec::new()),
+            metrics,
         }
     }
 
@@ -140,6 +145,7 @@ impl Listener {
             on_change,
             state,
             nodes,
+            metrics,
         } = self;
         let mut reported = false;
         let mut at_once = false;
@@ -151,7 +157,7 @@ impl Listener {
                 interval,
                 connect_within,
                 &clock,
-                &on_change,
+                (&on_change, &metrics),
             );
             let (why, ended) = tokio::select! {
                 () = stop.cancelled() => return,
@@ -172,7 +178,7 @@ impl Listener {
             at_once = false;
             state.send_replace(false);
             nodes.send_modify(|nodes| nodes.iter_mut().for_each(|(_, up)| *up = false));
-            crate::metrics::listener_connected(false);
+            metrics.listener_connected(false);
             if was_listening {
                 reported = false;
             }
@@ -227,7 +233,7 @@ async fn listen_once(
     interval: Duration,
     connect_within: Duration,
     clock: &Clock,
-    on_change: &Arc<dyn Fn(Change) + Send + Sync>,
+    (on_change, metrics): (&Arc<dyn Fn(Change) + Send + Sync>, &Metrics),
 ) -> (String, Ended) {
     let connect = tokio::time::timeout(connect_within, pg.connect()).await;
     let (client, connection) = match connect {
@@ -281,7 +287,7 @@ async fn listen_once(
         node_states.send_replace(states(nodes));
     }
     state.send_replace(true);
-    crate::metrics::listener_connected(true);
+    metrics.listener_connected(true);
     tracing::info!("listening for changes; ready");
     let ended = loop {
         tokio::time::sleep(interval).await;

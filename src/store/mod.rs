@@ -74,6 +74,7 @@ use crate::domain::{
     AcquireCommand, Acquired, Backoff, CompleteCommand, ExtendCommand, Lease, Record, RecordId,
     Refusal,
 };
+use crate::metrics::Metrics;
 
 pub use clock::Clock;
 pub use connect_error::{ConnectError, ConnectTarget, UrlError};
@@ -163,6 +164,9 @@ pub struct Store {
     /// The records table's row type as the catalog lists it, once it
     /// changed while connections were open (`row_type`).
     row_types: Arc<row_type::RowTypes>,
+    /// The server's metrics, which the store and what it builds record
+    /// into; handed on to the rest of the server ([`Store::metrics`]).
+    metrics: Metrics,
 }
 
 // Each ends with the deadline check that `calls` explains.
@@ -237,6 +241,11 @@ impl Store {
             .map_or((0, 0), |mux| (mux.len(), mux.connected()))
     }
 
+    /// The server's metrics: the registry this store records into.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     /// Bytes the replay cache holds.
     pub fn replay_cache_bytes(&self) -> u64 {
         self.replays.as_ref().map_or(0, |r| r.weight())
@@ -258,9 +267,12 @@ impl Store {
     ) -> Result<Acquired, StoreError> {
         if let Some(replays) = &self.replays
             && let Some(now) = self.clock.database_now()
-            && let Some(answer) = replays.answer(cmd, now)
         {
-            return Ok(answer);
+            let answer = replays.answer(cmd, now);
+            self.metrics.replay_lookup(answer.is_some());
+            if let Some(answer) = answer {
+                return Ok(answer);
+            }
         }
         let call = HotCall::Acquire(AcquireCall::new(cmd, watch)?);
         let batch = self.batches();

@@ -11,6 +11,7 @@ use super::clock::Clock;
 use super::connect_error::ConnectTarget;
 use super::replays::Replays;
 use super::{Store, StoreError, batch, mux};
+use crate::metrics::Metrics;
 
 /// How the store reaches PostgreSQL.
 #[derive(Debug, Clone)]
@@ -78,7 +79,11 @@ pub fn pg_config(database_url: &str) -> Result<tokio_postgres::Config, tokio_pos
 impl Store {
     /// Builds the pool; connections open on first use, so this succeeds while
     /// the database is down.
+    ///
+    /// The store makes the server's metrics (a registry of its own, which
+    /// it records into and hands on: [`Store::metrics`]).
     pub fn new(config: &StoreConfig, clock: Clock) -> Result<Self, StoreError> {
+        let metrics = Metrics::new();
         let pg = super::Postgres::new(&config.database_url)
             .map_err(|e| StoreError::Config(Box::new(e)))?;
         let target = Arc::new(ConnectTarget::of(&pg));
@@ -134,6 +139,7 @@ impl Store {
                     query_timeout: config.query_timeout,
                     routes: Arc::clone(&routes),
                     connect_wait: config.connect_wait,
+                    metrics: metrics.clone(),
                 };
                 Some(Arc::new(batch::Coalescer::start(settings)))
             }
@@ -151,6 +157,7 @@ impl Store {
             distributed: Arc::default(),
             routes,
             row_types: Arc::default(),
+            metrics,
         })
     }
 }

@@ -14,7 +14,6 @@
 //! over shards, the same counts one PostgreSQL gives.
 
 use crate::domain::SweepCounts;
-use crate::metrics;
 use crate::store::{ShardLimits, Store, StoreError};
 
 use super::Sweep;
@@ -101,7 +100,9 @@ pub(super) async fn sweep(
             round += counts;
             *total.get_or_insert_with(SweepCounts::default) += counts;
         }
-        metrics::swept(round.expired_deleted, round.leases_reclaimed);
+        store
+            .metrics()
+            .swept(round.expired_deleted, round.leases_reclaimed);
         open.retain(|o| o.expired || o.leases);
     }
     Ok(total)

@@ -28,7 +28,7 @@ use super::body::{BodyLimits, ByteBudget, Full, GuardedBody, Pace, Reservation};
 use crate::auth::{Authenticator, Caller};
 use crate::domain::Tenant;
 use crate::error::Error;
-use crate::metrics;
+use crate::metrics::{self, Metrics};
 use crate::telemetry::CallSpan;
 
 /// The largest message of the health and reflection services: their
@@ -64,8 +64,8 @@ const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(1);
 /// label), and says so at info, at most once a second, when it was refused
 /// for want of room in a byte budget: a full budget means callers are
 /// turned away, which the operator should hear of.
-pub fn refused(port: metrics::Port, reason: &'static str) {
-    metrics::request_refused(port, reason);
+pub fn refused(metrics: &Metrics, port: metrics::Port, reason: &'static str) {
+    metrics.request_refused(port, reason);
     if !matches!(reason, "overloaded" | "tenant_share" | "connection_share") {
         return;
     }
@@ -204,6 +204,8 @@ pub struct Admission {
     max_request_bytes: usize,
     /// The longest a request body may take to arrive.
     body_timeout: Duration,
+    /// Where every call and every refusal is counted.
+    metrics: Metrics,
 }
 
 fn refuse(error: Error) -> Response<Body> {
@@ -211,10 +213,11 @@ fn refuse(error: Error) -> Response<Body> {
 }
 
 impl Admission {
-    /// `inflight_bytes` is the Coordinator calls' budget.
+    /// `inflight_bytes` is the Coordinator calls' budget; calls and
+    /// refusals are counted in `metrics`.
     pub fn new(
         routes: Routes,
-        auth: Arc<Authenticator>,
+        (auth, metrics): (Arc<Authenticator>, Metrics),
         inflight_bytes: usize,
         max_request_bytes: usize,
         body_timeout: Duration,
@@ -229,7 +232,13 @@ impl Admission {
             open_budget: ByteBudget::new(OPEN_SERVICES_BUDGET_BYTES),
             max_request_bytes,
             body_timeout,
+            metrics,
         }
+    }
+
+    /// The server's metrics, where every call through admission is counted.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// Calls to `path` go to `method` instead of the routes.
@@ -252,7 +261,7 @@ impl Admission {
         B: http_body::Body<Data = bytes::Bytes> + Unpin + Send + 'static,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let rpc = metrics::Rpc::start(request.uri().path());
+        let rpc = metrics::Rpc::start(&self.metrics, request.uri().path());
         let service = service_of(request.uri().path());
         let admitted = self.admit(&mut request, service);
         // Coordinator calls run in a span of their own, from here until
@@ -370,7 +379,7 @@ impl Admission {
                     None => self
                         .auth
                         .caller_from_headers(request.headers())
-                        .inspect_err(|_| refused(port, "unauthenticated"))?,
+                        .inspect_err(|_| refused(&self.metrics, port, "unauthenticated"))?,
                 };
                 let reservation = self.hold_for(&caller, Vec::new());
                 request.extensions_mut().insert(caller);
@@ -380,7 +389,7 @@ impl Admission {
         };
         let charge = 2 * header_bytes(request.headers()) + CALL_OVERHEAD_BYTES;
         if let Err(full) = reservation.grow(charge) {
-            refused(port, full.reason());
+            refused(&self.metrics, port, full.reason());
             return Err(Error::Overloaded);
         }
         let (max_message, max_message_flag) = match service {
@@ -400,6 +409,7 @@ impl Admission {
             },
             max_message_flag,
             port,
+            metrics: self.metrics.clone(),
         };
         let deadline = grpc_timeout(request.headers()).map(answer_by);
         if let Some(deadline) = deadline {

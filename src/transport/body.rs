@@ -167,7 +167,7 @@ pub enum Pace {
 }
 
 /// The limits one request body is held to.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct BodyLimits {
     /// The largest gRPC message, in bytes.
     pub max_message: usize,
@@ -180,6 +180,8 @@ pub struct BodyLimits {
     pub max_message_flag: &'static str,
     /// The port the request came in on, for the refusal metric.
     pub port: metrics::Port,
+    /// Where a refusal is counted.
+    pub metrics: metrics::Metrics,
 }
 
 /// Follows the gRPC framing (1 flag byte, 4 length bytes, the message) of
@@ -275,7 +277,7 @@ impl<B> GuardedBody<B> {
         &mut self,
         (error, reason): (Error, &'static str),
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        super::refused(self.limits.port, reason);
+        super::refused(&self.limits.metrics, self.limits.port, reason);
         self.done = true;
         self.deadline = None;
         self.timer = None;

@@ -1,6 +1,6 @@
-//! Prometheus metrics, scraped from a server process of its own (the
-//! registry is process-wide, so an in-process server would share counters
-//! with every other test): a known sequence of calls shows in exact counts.
+//! Prometheus metrics, scraped from a server process of its own: a known
+//! sequence of calls shows in exact counts. Each server has a registry of
+//! its own, so in-process servers count apart too.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -27,7 +27,7 @@ pub(crate) struct Scrape {
 
 impl Scrape {
     /// Reads `name{label="value",...} value` lines; `#` lines are comments.
-    fn parse(text: String) -> Self {
+    pub(crate) fn parse(text: String) -> Self {
         let samples = text
             .lines()
             .filter(|line| !line.is_empty() && !line.starts_with('#'))

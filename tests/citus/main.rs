@@ -17,23 +17,11 @@ mod direct;
 mod door;
 // Shared with the bench crate's Citus fault tests, which start clusters of
 // their own and stop or add nodes; these tests use the shared cluster.
-#[allow(dead_code)]
-mod harness;
-// The request builders and readers of the API tests; this binary uses
-// only some of them.
-#[allow(dead_code, unused_imports)]
-#[path = "../api/helpers/mod.rs"]
-mod helpers;
+use test_support::citus::{harness, placement};
+use test_support::helpers;
 mod maintenance;
 mod migrations;
 mod moves;
-#[allow(dead_code)]
-mod placement;
 mod plan_cache;
-/// What the harness (shared with the bench crate's Citus faults, which
-/// have no `helpers`) calls when Citus is missing.
-mod skip {
-    pub use crate::helpers::skip_without;
-}
 mod table_changes;
 mod waiting;

@@ -4,24 +4,11 @@
 
 // The server-process and database fixtures of the API tests, shared as
 // they are; not every helper in them is used here.
-#[path = "../api/helpers/database.rs"]
-#[allow(dead_code)]
-mod database;
-#[path = "../api/helpers/pki.rs"]
-mod pki;
-#[path = "../api/helpers/polling.rs"]
-mod polling;
-#[path = "../api/helpers/process.rs"]
-#[allow(dead_code)]
-mod process;
+use test_support::helpers::{database, pki, polling, process};
 
-// The benchmark's history checker and recorder (bench/src), pure code
-// shared as it is: the in-transaction tests hold their histories to it.
-#[allow(dead_code)]
-mod history;
-#[path = "../../bench/src/recorder.rs"]
-#[allow(dead_code)]
-mod recorder;
+// The benchmark's history checker and recorder (the idempotency-bench
+// crate): the in-transaction tests hold their histories to it.
+use idempotency_bench::{history, recorder};
 mod recording;
 
 mod errors;

@@ -4,9 +4,5 @@
 //! `docs/console/` (linked from `docs/console.md`).
 
 mod browser;
-// The request builders and readers of the API tests; this binary uses
-// only some of them.
-#[allow(dead_code, unused_imports)]
-#[path = "../api/helpers/mod.rs"]
-mod helpers;
+use test_support::helpers;
 mod webdriver;

@@ -9,11 +9,7 @@
 mod load;
 mod prometheus;
 
-// The request builders and readers of the API tests; this binary uses
-// only some of them.
-#[allow(dead_code, unused_imports)]
-#[path = "../api/helpers/mod.rs"]
-mod helpers;
+use test_support::helpers;
 
 use std::path::PathBuf;
 use std::time::Duration;

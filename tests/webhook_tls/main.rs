@@ -6,15 +6,7 @@
 //! A test binary of its own, so that it can start the server binary with
 //! exactly the flags and environment an operator would use.
 
-#[allow(dead_code)]
-#[path = "../api/helpers/database.rs"]
-mod database;
-#[allow(dead_code)]
-#[path = "../api/helpers/pki.rs"]
-mod pki;
-#[allow(dead_code)]
-#[path = "../api/helpers/process.rs"]
-mod process;
+use test_support::helpers::{database, process};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,8 +18,8 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::{self, pki_types::PrivateKeyDer, pki_types::pem::PemObject};
 
 use database::TestDatabase;
-use pki::{PemFiles, Pki, pki};
 use process::{Launch, ServerProcess};
+use test_support::helpers::{PemFiles, Pki, pki};
 
 /// What the receiver saw on one connection.
 #[derive(Debug)]

@@ -10,26 +10,14 @@
 //! `cargo test -p idempotency-bench --test citus_faults -- --nocapture`
 //! to see what each fault looked like to callers.
 
-#[allow(dead_code)]
-#[path = "../faults/client.rs"]
-mod client;
 mod cut_off;
-// Shared with the server's Citus tests; each uses part of it.
-#[allow(dead_code)]
-#[path = "../../../tests/citus/harness.rs"]
-mod harness;
 mod listening;
 mod load;
-#[allow(dead_code)]
-#[path = "../../../tests/citus/placement.rs"]
-mod placement;
-// The proxy of the single-node fault tests, here in front of one worker.
-#[allow(dead_code)]
-#[path = "../faults/proxy.rs"]
-mod proxy;
 mod rebalance;
 mod server_log;
 mod setup;
-#[path = "../../../tests/api/helpers/skip.rs"]
-mod skip;
 mod worker_down;
+
+// Shared with the server's Citus tests and the single-node fault tests.
+use test_support::citus::{harness, placement};
+use test_support::faults::{client, proxy};

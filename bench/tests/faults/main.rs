@@ -8,13 +8,10 @@
 //! `cargo test -p idempotency-bench --test faults -- --nocapture` to see
 //! what each fault measured.
 
-mod binary;
-mod client;
 mod cluster;
 mod harness;
-#[allow(dead_code)]
-#[path = "../../../tests/api/helpers/process.rs"]
-mod process;
-mod proxy;
 mod regressions;
 mod scenarios;
+
+use test_support::faults::{binary, client, proxy};
+use test_support::helpers::process;

@@ -18,6 +18,7 @@ export type {
   LeaseContext,
   LeaseLostOutcome,
   RetryLaterOutcome,
+  RunOnceClient,
   RunOnceOptions,
   RunOnceOutcome,
   Work,

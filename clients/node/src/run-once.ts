@@ -2,17 +2,27 @@ import { randomUUID } from "node:crypto";
 import { setTimeout as sleepFor } from "node:timers/promises";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import type { Duration, DurationSchema, Timestamp } from "@bufbuild/protobuf/wkt";
-import { Code } from "@connectrpc/connect";
-import type { CoordinatorClient } from "./client.js";
+import { Code, type Client } from "@connectrpc/connect";
 import { jsonCodec, type Codec } from "./codec.js";
 import { CoordinatorError, PermanentError, RetryableError } from "./errors.js";
 import {
   Decision,
+  type Coordinator,
   type AcquireRequestSchema,
   type CompleteRequestSchema,
   type Lease,
   type Record as CoordinatorRecord,
 } from "./gen/idempotency/v1/coordinator_pb.js";
+
+/**
+ * What `runOnce` needs of a client: its generated stub and its calls'
+ * deadline. A `CoordinatorClient` (`createClient`) is one.
+ */
+export interface RunOnceClient {
+  readonly stub: Client<typeof Coordinator>;
+  /** The deadline of each call, in milliseconds. */
+  readonly callTimeoutMs: number;
+}
 
 /** Defaults of `runOnce`, the same in every client library. */
 export const DEFAULT_LEASE_TTL_MS = 60_000;
@@ -145,7 +155,7 @@ export type RunOnceOutcome<T> =
  * a call that cannot be answered throws CoordinatorError.
  */
 export async function runOnce<T>(
-  client: CoordinatorClient,
+  client: RunOnceClient,
   options: RunOnceOptions<T>,
   work: Work<T>,
 ): Promise<RunOnceOutcome<T>> {
@@ -158,7 +168,7 @@ export async function runOnce<T>(
  * @internal
  */
 export async function runOnceWith<T>(
-  client: CoordinatorClient,
+  client: RunOnceClient,
   options: RunOnceOptions<T>,
   work: Work<T>,
   inTransaction: InTransaction | undefined,
@@ -248,7 +258,7 @@ export interface InTransaction {
 const MIN_EXTENSION_MS = 1000;
 
 async function holdLease<T>(
-  client: CoordinatorClient,
+  client: RunOnceClient,
   options: RunOnceOptions<T>,
   work: Work<T>,
   codec: Codec<T>,

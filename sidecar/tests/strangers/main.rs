@@ -5,24 +5,9 @@
 //! is still answered, and how fast (docs/sidecar.md, "Limits and defaults
 //! against strangers").
 
-// The fixtures of the proxy suite, shared as they are; not every helper
-// in them is used here.
-#[path = "../../../bench/tests/faults/binary.rs"]
-mod binary;
-#[path = "../../../tests/api/helpers/database.rs"]
-#[allow(dead_code)]
-mod database;
-#[path = "../../../tests/api/helpers/polling.rs"]
-mod polling;
-#[path = "../../../tests/api/helpers/process.rs"]
-#[allow(dead_code)]
-mod process;
-#[path = "../proxy/support.rs"]
-#[allow(dead_code)]
-mod support;
-#[path = "../proxy/upstream.rs"]
-#[allow(dead_code)]
-mod upstream;
+// The fixtures of the proxy suite (test-support).
+use test_support::helpers::polling;
+use test_support::sidecar::{support, upstream};
 
 mod answers;
 mod bodies;

@@ -7,17 +7,16 @@ use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt as _, BodyStream, Limited, StreamBody};
 use hyper::body::Incoming;
 
+use super::answer::{body, guarded, html, see_other};
+use super::query::{Query, link};
 use super::session::{self, Session};
-use super::{
-    CALL_TIMEOUT, HttpBody, Query, body, guarded, html, link, logins, pages, refused, see_other,
-    sessions, watch_request,
-};
+use super::{CALL_TIMEOUT, logins, pages, refused, sessions, watch_request};
 use crate::domain::operator_name;
 use crate::http::connect::SERVICE_PREFIX;
 use crate::http::{Asks, Door};
 use crate::metrics;
 use crate::proto;
-use crate::transport::{OpenCall, Peer};
+use crate::transport::{HttpBody, OpenCall, Peer};
 
 /// The longest form the console reads.
 const MAX_FORM_BYTES: usize = 16 * 1024;
@@ -86,7 +85,9 @@ pub(super) async fn login(door: &Door, request: Request<Incoming>) -> Response<H
     };
     let peer = request.extensions().get::<Peer>().map(|p| p.0.ip());
     if let Some(wait) = peer.and_then(|ip| console.logins.refused(ip)) {
-        metrics::request_refused(metrics::Port::Http, "console_login_limited");
+        door.admission
+            .metrics()
+            .request_refused(metrics::Port::Http, "console_login_limited");
         console.logins.log(peer, logins::MAX_FAILURES, true);
         return too_many(door, wait);
     }
@@ -134,7 +135,9 @@ pub(super) async fn login(door: &Door, request: Request<Incoming>) -> Response<H
         ),
         _ => (StatusCode::UNAUTHORIZED, "Unknown credential."),
     };
-    metrics::request_refused(metrics::Port::Http, "console_login_failed");
+    door.admission
+        .metrics()
+        .request_refused(metrics::Port::Http, "console_login_failed");
     let failures = peer.map_or(0, |ip| console.logins.failed(ip));
     console.logins.log(peer, failures, false);
     login_page(door, refusal.0, Some(refusal.1))

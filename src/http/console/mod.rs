@@ -24,18 +24,17 @@
 //! `Cache-Control: no-store`, and under TLS `Strict-Transport-Security`.
 
 mod actions;
+mod answer;
 mod logins;
 mod pages;
+mod query;
 mod session;
 mod sessions;
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt as _, Full};
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
-use maud::Markup;
 use prost::Message;
 use tonic::Status;
 
@@ -43,10 +42,10 @@ use super::connect::SERVICE_PREFIX;
 use super::{Asks, Door};
 use crate::proto;
 use crate::transport::{HttpBody, OpenCall};
+use answer::{asset, html, plain};
+pub use query::PREFIX;
+use query::Query;
 use session::Session;
-
-/// Where the console lives on the HTTP port.
-pub const PREFIX: &str = "/console/";
 
 /// How long one of the console's Coordinator calls may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -55,10 +54,6 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 const SCRIPT: &str = include_str!("console.js");
 const STYLE: &str = include_str!("console.css");
 
-/// No inline script or style, nothing from elsewhere, no framing.
-const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
-     connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
-
 /// What the console keeps: the sessions, and the failed logins.
 #[derive(Default)]
 pub(super) struct Console {
@@ -66,23 +61,6 @@ pub(super) struct Console {
     sessions: sessions::Sessions,
     /// Failed logins per client address.
     logins: logins::FailedLogins,
-}
-
-/// The decoded query string of a request.
-pub(super) struct Query(Vec<(String, String)>);
-
-impl Query {
-    fn parse(text: &[u8]) -> Query {
-        Query(form_urlencoded::parse(text).into_owned().collect())
-    }
-
-    /// The value of `name`, empty when absent.
-    fn get(&self, name: &str) -> &str {
-        self.0
-            .iter()
-            .find(|(n, _)| n == name)
-            .map_or("", |(_, v)| v.as_str())
-    }
 }
 
 /// HSTS under TLS: a year, as browsers' preload lists ask.
@@ -147,78 +125,6 @@ fn not_found(session: &Session) -> Response<HttpBody> {
     )
 }
 
-/// The headers every console answer carries.
-fn guarded(mut response: Response<HttpBody>) -> Response<HttpBody> {
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(CSP),
-    );
-    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    headers.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    headers.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
-    );
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    response
-}
-
-fn body(bytes: impl Into<Bytes>) -> HttpBody {
-    Full::new(bytes.into()).boxed_unsync()
-}
-
-/// A page.
-fn html(status: StatusCode, markup: Markup) -> Response<HttpBody> {
-    let mut response = Response::new(body(markup.into_string()));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/html; charset=utf-8"),
-    );
-    guarded(response)
-}
-
-fn plain(status: StatusCode, text: &'static str) -> Response<HttpBody> {
-    let mut response = Response::new(body(text));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    guarded(response)
-}
-
-fn asset(text: &'static str, content_type: &'static str) -> Response<HttpBody> {
-    let mut response = Response::new(body(text));
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    guarded(response)
-}
-
-/// A redirect after a form (303: the browser GETs `location`).
-fn see_other(location: &str) -> Response<HttpBody> {
-    let mut response = Response::new(body(Bytes::new()));
-    *response.status_mut() = StatusCode::SEE_OTHER;
-    if let Ok(value) = HeaderValue::from_str(location) {
-        response.headers_mut().insert(header::LOCATION, value);
-    }
-    guarded(response)
-}
-
-/// `path?name=value&...`, the values encoded.
-fn link(path: &str, pairs: &[(&str, &str)]) -> String {
-    let mut query = form_urlencoded::Serializer::new(String::new());
-    for (name, value) in pairs {
-        query.append_pair(name, value);
-    }
-    format!("{PREFIX}{path}?{}", query.finish())
-}
-
 impl Door {
     /// One unary Coordinator call from the console, as `session`'s caller.
     async fn console_call<Q: Message, A: Message + Default>(
@@ -249,16 +155,6 @@ fn refused(session: &Session, status: &Status) -> Response<HttpBody> {
         code,
         pages::message(session, "The coordinator refused", status.message()),
     )
-}
-
-/// The headers of a request, for the session.
-pub(super) fn cookies(headers: &HeaderMap) -> impl Iterator<Item = (&str, &str)> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
 }
 
 /// A Watch for the record page's live updates.

@@ -6,8 +6,8 @@
 use chrono::{DateTime, Utc};
 use maud::{DOCTYPE, Markup, html};
 
+use super::query::{Query, link};
 use super::session::Session;
-use super::{Query, link};
 use crate::domain::MAX_OPERATOR_CHARS;
 use crate::proto;
 

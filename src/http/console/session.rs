@@ -11,8 +11,10 @@ use std::sync::OnceLock;
 use http::{HeaderMap, HeaderValue, Response, header};
 use subtle::ConstantTimeEq as _;
 
-use super::{Door, HttpBody, see_other};
+use super::answer::see_other;
 use crate::auth::{AuthError, Caller};
+use crate::http::Door;
+use crate::transport::HttpBody;
 
 /// The cookie that holds the session's id.
 pub(super) const SESSION_COOKIE: &str = "idempotency_console";
@@ -88,11 +90,19 @@ pub(super) fn cleared_cookies(door: &Door) -> [String; 2] {
     [SESSION_COOKIE, LOGIN_COOKIE].map(|name| cookie(door, name, "", Some(0)))
 }
 
+/// The cookies of a request, as (name, value) pairs.
+fn cookies(headers: &HeaderMap) -> impl Iterator<Item = (&str, &str)> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+}
+
 /// The value of cookie `name`.
 pub(super) fn cookie_value<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
-    super::cookies(headers)
-        .find(|(n, _)| *n == name)
-        .map(|(_, v)| v)
+    cookies(headers).find(|(n, _)| *n == name).map(|(_, v)| v)
 }
 
 impl Session {

@@ -90,8 +90,8 @@ fn our_name(proto_field: &str) -> &str {
 }
 
 /// This API's error body; `status` is the record's status where known.
-fn refusal(error: &DoorError, status: Option<&str>) -> Response<HttpBody> {
-    super::log_refusal(error);
+fn refusal(door: &Door, error: &DoorError, status: Option<&str>) -> Response<HttpBody> {
+    super::log_refusal(door, error);
     let (code, mut http) = error.code_and_status();
     // A Complete of another kind than the holder's first: the record is in
     // a state that conflicts with the request.
@@ -119,8 +119,8 @@ fn refusal(error: &DoorError, status: Option<&str>) -> Response<HttpBody> {
     json_response(http, &body)
 }
 
-pub(super) fn refuse(error: &DoorError) -> Response<HttpBody> {
-    refusal(error, None)
+pub(super) fn refuse(door: &Door, error: &DoorError) -> Response<HttpBody> {
+    refusal(door, error, None)
 }
 
 /// The old API's status of a record.
@@ -184,7 +184,7 @@ pub(super) async fn acquire(
 ) -> Response<HttpBody> {
     match try_acquire(door, request, call).await {
         Ok(response) => response,
-        Err(e) => refuse(&e),
+        Err(e) => refuse(door, &e),
     }
 }
 
@@ -314,7 +314,7 @@ pub(super) async fn complete(
     let mut known = None;
     match try_complete(door, request, call, &mut known).await {
         Ok(response) => response,
-        Err(e) => refusal(&e, known),
+        Err(e) => refusal(door, &e, known),
     }
 }
 

@@ -32,6 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::super::StoreError;
 use super::super::mux::Shared;
+use crate::metrics::Metrics;
 
 /// The advisory lock every replica holds while it serves: the two `int4`
 /// keys of `pg_try_advisory_lock_shared(int4, int4)` (in `pg_locks`,
@@ -81,6 +82,8 @@ pub(super) struct Company {
     pipelining: AtomicBool,
     /// The probes' record, written by the probe alone.
     seen: Plain<Seen>,
+    /// Where each switch is exported.
+    metrics: Metrics,
 }
 
 #[derive(Default)]
@@ -93,11 +96,12 @@ struct Seen {
 
 impl Company {
     /// One batch at a time until the probes count this replica alone.
-    pub(super) fn new() -> Self {
-        crate::metrics::batches_pipelined(false);
+    pub(super) fn new(metrics: Metrics) -> Self {
+        metrics.batches_pipelined(false);
         Company {
             pipelining: AtomicBool::new(false),
             seen: Plain::new(Seen::default()),
+            metrics,
         }
     }
 
@@ -138,7 +142,7 @@ impl Company {
             return;
         }
         self.pipelining.store(now, Ordering::Relaxed);
-        crate::metrics::batches_pipelined(now);
+        self.metrics.batches_pipelined(now);
         match replicas {
             Ok(replicas) if now => tracing::info!(
                 replicas,
@@ -163,7 +167,7 @@ mod tests {
 
     #[test]
     fn it_pipelines_only_after_probes_in_a_row_count_it_alone() {
-        let company = Company::new();
+        let company = Company::new(Metrics::new());
         assert!(!company.pipelining(), "one batch at a time at start");
         company.counted(Ok(1));
         assert!(!company.pipelining(), "one probe alone is not enough");
@@ -176,7 +180,7 @@ mod tests {
 
     #[test]
     fn another_replica_or_a_failed_count_stops_pipelining_at_once() {
-        let company = Company::new();
+        let company = Company::new(Metrics::new());
         for _ in 0..ALONE_PROBES {
             company.counted(Ok(1));
         }

@@ -294,7 +294,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn while_not_pipelining_a_full_batch_waits_for_the_one_ahead_to_land() {
         let (sender, receiver) = queue();
-        let flight = Flight::new(Some(Company::new()));
+        let flight = Flight::new(Some(Company::new(crate::metrics::Metrics::new())));
         let out = flight.board(2);
         let mut batch = Vec::new();
         send(&sender, 5);
@@ -311,7 +311,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn once_counted_alone_a_full_batch_goes_behind_the_one_out() {
         let (sender, receiver) = queue();
-        let flight = Flight::new(Some(Company::new()));
+        let flight = Flight::new(Some(Company::new(crate::metrics::Metrics::new())));
         let company = flight.company().expect("auto");
         for _ in 0..super::super::company::ALONE_PROBES {
             company.counted(Ok(1));

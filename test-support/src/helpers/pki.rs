@@ -36,7 +36,14 @@ pub fn pki(names: &[&str]) -> Pki {
 /// PEM files in the directory it holds, removed on drop.
 pub struct PemFiles(pub PathBuf);
 
+impl Default for PemFiles {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl PemFiles {
+    /// A fresh directory of its own.
     pub fn new() -> Self {
         let dir = std::env::temp_dir().join(format!("idem-pem-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();

@@ -14,7 +14,7 @@ use tonic::transport::Channel;
 
 use super::database::TestDatabase;
 
-pub(super) fn init_tracing() {
+pub fn init_tracing() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         if std::env::var_os("TEST_LOG").is_some() {

@@ -13,10 +13,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idempotency_sidecar::config::Args;
 
-use crate::binary;
-use crate::database::TestDatabase;
-use crate::process::{Launch, ServerProcess};
-use crate::upstream::TestUpstream;
+use super::upstream::TestUpstream;
+use crate::faults::binary;
+use crate::helpers::{Launch, ServerProcess, TestDatabase};
 
 /// The coordinator binary on a database of its own.
 pub struct Coordinator {

@@ -43,7 +43,7 @@ fn installed() -> bool {
     if Path::new(CITUS_SO).exists() {
         return true;
     }
-    crate::skip::skip_without(
+    crate::helpers::skip_without(
         &format!("Citus ({CITUS_SO})"),
         "the Citus tests",
         "bash .ci/citus",

@@ -51,7 +51,10 @@ impl ServerProcess {
     }
 
     pub async fn launch(database_url: &str, extra: &[&str], launch: Launch<'_>) -> Self {
-        let binary = launch.binary.unwrap_or_else(built_for_these_tests);
+        let binary = match launch.binary {
+            Some(binary) => binary,
+            None => built_for_these_tests(),
+        };
         let mut command = tokio::process::Command::new(binary);
         command
             .args(["--log-format", "json", "serve", "--listen", "127.0.0.1:0"])
@@ -203,13 +206,15 @@ impl ServerProcess {
     }
 }
 
-/// The server binary cargo built for the server package's own tests; a
-/// suite of another package has none (it passes [`Launch::binary`]).
-fn built_for_these_tests<'a>() -> &'a std::path::Path {
-    match option_env!("CARGO_BIN_EXE_idempotency-coordinator") {
-        Some(path) => std::path::Path::new(path),
-        None => panic!("no server binary built for these tests: pass Launch::binary"),
-    }
+/// The server binary: the one cargo built for the server package's own
+/// tests when it says so, else the target directory's (built if missing or
+/// older than its sources: [`crate::faults::binary`]).
+fn built_for_these_tests() -> &'static std::path::Path {
+    static BUILT: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| std::env::var_os("CARGO_BIN_EXE_idempotency-coordinator").map(Into::into))
+        .as_deref()
+        .unwrap_or_else(crate::faults::binary::path)
 }
 
 /// Resident memory of process `pid`, in KiB (Linux).

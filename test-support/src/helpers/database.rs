@@ -2,7 +2,6 @@
 
 use std::net::{SocketAddr, ToSocketAddrs as _};
 
-#[path = "postgres.rs"]
 mod postgres;
 
 pub use postgres::database_url;

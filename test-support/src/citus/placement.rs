@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::harness::CitusDatabase;
+use super::harness::CitusDatabase;
 
 /// `n` fresh keys, each with the shard it hashes to and the port of the
 /// node holding that shard, in one query.

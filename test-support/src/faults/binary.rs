@@ -19,7 +19,7 @@ pub fn path() -> &'static Path {
         if let Some(named) = std::env::var_os("IDEMPOTENCY_COORDINATOR_BIN") {
             return named.into();
         }
-        // This test binary is <target>/<profile>/deps/faults-<hash>.
+        // This test binary is <target>/<profile>/deps/<suite>-<hash>.
         let exe = std::env::current_exe().expect("the test binary's path");
         let profile_dir = exe
             .parent()

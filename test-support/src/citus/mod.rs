@@ -1,0 +1,5 @@
+//! A Citus cluster for the tests (`harness`) and where its shards are
+//! (`placement`).
+
+pub mod harness;
+pub mod placement;
