@@ -27,6 +27,7 @@ mod helpers;
 mod hostile;
 mod http;
 mod in_transaction;
+mod large_results;
 mod metrics;
 mod migrations;
 mod pipelining;
