@@ -92,6 +92,10 @@ impl Door {
     }
 }
 
+/// A service method's answer to come.
+pub(super) type Answering<'a, R> =
+    Pin<Box<dyn Future<Output = Result<tonic::Response<R>, Status>> + Send + 'a>>;
+
 /// A Coordinator request the door sends by its type: the method's name,
 /// its answer's type, and the service's method that answers it.
 pub(super) trait Unary: prost::Message + Default + 'static {
@@ -100,7 +104,7 @@ pub(super) trait Unary: prost::Message + Default + 'static {
     fn run(
         service: &CoordinatorService,
         request: tonic::Request<Self>,
-    ) -> Pin<Box<dyn Future<Output = Result<tonic::Response<Self::Answer>, Status>> + Send + '_>>;
+    ) -> Answering<'_, Self::Answer>;
 }
 
 macro_rules! unary {
@@ -111,7 +115,7 @@ macro_rules! unary {
             fn run(
                 service: &CoordinatorService,
                 request: tonic::Request<Self>,
-            ) -> Pin<Box<dyn Future<Output = Result<tonic::Response<Self::Answer>, Status>> + Send + '_>> {
+            ) -> Answering<'_, Self::Answer> {
                 service.$method(request)
             }
         }

@@ -11,7 +11,6 @@ mod wait;
 
 pub use due::FeedConfig;
 
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -159,25 +158,23 @@ impl CoordinatorService {
 
 /// A parked Acquire: see [`CoordinatorService::park`]. Its future is what
 /// a waiting call holds for its whole window.
-fn parked(
+async fn parked(
     store: Arc<Store>,
     subscription: Subscription,
     cmd: AcquireCommand,
     window: Duration,
     mut reply: Reply,
-) -> impl Future<Output = ()> + Send {
-    async move {
-        let waited = wait::acquire(&store, subscription, &cmd, window);
-        let acquired = tokio::select! {
-            acquired = waited => acquired,
-            () = reply.closed() => return,
-        };
-        reply.send(
-            acquired
-                .map(|acquired| answered(&cmd, acquired))
-                .map_err(|e| Status::from(Error::from(e))),
-        );
-    }
+) {
+    let waited = wait::acquire(&store, subscription, &cmd, window);
+    let acquired = tokio::select! {
+        acquired = waited => acquired,
+        () = reply.closed() => return,
+    };
+    reply.send(
+        acquired
+            .map(|acquired| answered(&cmd, acquired))
+            .map_err(|e| Status::from(Error::from(e))),
+    );
 }
 
 /// An Acquire's decision as its answer, counted and traced.
