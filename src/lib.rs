@@ -50,9 +50,9 @@
 //!   probe start-up waits with, `connect_error::probe`).
 //! - [`service`]: the gRPC `Coordinator` trait: decode into domain commands,
 //!   call the store, encode the answer; `service::admin` the admin RPCs; `service::wait` holds Acquire's wait
-//!   window and the Watch stream; `service::route` is Acquire's own route,
-//!   which admission calls ahead of tonic's router (a waiting call keeps
-//!   less memory).
+//!   window and the Watch stream; an Acquire that waits is parked in a task
+//!   of its own and answered later through admission (`transport::later`),
+//!   so that it keeps no handler's future.
 //! - [`error`]: the one error type and its exhaustive mapping to gRPC status
 //!   codes with rich error details.
 //! - [`sweeper`]: Sweep and the background sweeper: expired records out, dead
@@ -80,8 +80,9 @@
 //!   descriptors run out) for both ports, HTTP/2 connections (keepalive,
 //!   idle timeout; a batch's answers written together) and the HTTP port's
 //!   HTTP/1.1-or-HTTP/2 ones, and
-//!   admission, which answers each call from its headers (credentials, room
-//!   in the in-flight byte budget and its tenant's share, deadline) before a
+//!   admission, which answers each call from its headers (credentials, the
+//!   readiness gate, room in the in-flight byte budget and its tenant's
+//!   share, deadline) before a
 //!   byte of its body is read, holds the body to size and time limits while
 //!   it arrives, and counts every refusal.
 //! - [`http`]: the HTTP/JSON door (`--http-listen`) for callers without
@@ -98,8 +99,8 @@
 //!   `http::refusal` (why it refused a request: status, body, log, metric).
 //!   The door checks a request's headers (framing, cross-site, credentials,
 //!   content type) before it reads its body under admission's budget; each
-//!   request then becomes an in-process gRPC call through `transport`'s
-//!   admission, so nothing about callers is decided twice.
+//!   request then enters `transport`'s admission as a typed call (a stream
+//!   as an in-process gRPC call), so nothing about callers is decided twice.
 //! - [`startup`]: builds the server exactly as production and tests run it;
 //!   binds the ports first and waits for the database (and migrates it)
 //!   while serving, Coordinator calls answered UNAVAILABLE until it is
