@@ -19,7 +19,9 @@ pub const DEFAULT_WAITER_LIMITS: WaiterLimits = WaiterLimits {
 pub const DEFAULT_MAX_STREAMS: u32 = 1000;
 /// The largest request the server decodes.
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
-/// Request bytes the server holds at once while requests arrive, in MiB.
+/// Bytes of Coordinator calls the server holds at once, in MiB: each
+/// call's request from its arrival until its answer has been sent, then its
+/// answer instead.
 pub const DEFAULT_MAX_INFLIGHT_REQUEST_MIB: usize = 64;
 /// How long a request's body may take to arrive.
 pub const DEFAULT_REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -58,10 +60,12 @@ pub struct LimitsArgs {
     #[arg(long, env = "IDEMPOTENCY_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
     pub max_request_bytes: usize,
 
-    /// Request bytes, in MiB, the server holds at once while Coordinator
-    /// requests arrive (with a share per call for its headers and state),
-    /// on both ports together; past it calls get RESOURCE_EXHAUSTED (HTTP
-    /// 429) at once. With --auth-tokens one tenant holds at most half of
+    /// Bytes, in MiB, of Coordinator calls the server holds at once (with a
+    /// share per call for its headers and state), on both ports together:
+    /// each call's request from its arrival until its answer has been sent
+    /// (decoded, and waiting for the database), then its answer's bytes
+    /// instead until the client has taken them; past it calls get
+    /// RESOURCE_EXHAUSTED (HTTP 429) at once. With --auth-tokens one tenant holds at most half of
     /// it, and one HTTP/JSON connection at most two of the largest bodies
     /// (4 × --max-request-bytes). Health and reflection calls have 8 MiB
     /// of their own.

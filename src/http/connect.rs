@@ -26,8 +26,9 @@ use prost::Message as _;
 use serde_json::{Value, json};
 use std::time::Duration;
 
+use super::inprocess::Unary;
 use super::{Asks, Door, DoorError, Media, json_response, parse_json};
-use crate::proto::Decision;
+use crate::proto::{self, Decision};
 use crate::transport::{HttpBody, OpenCall};
 
 /// Paths of the Coordinator's methods start with this.
@@ -155,21 +156,18 @@ async fn answer(
     };
     // The body is protobuf now: its share of the budget goes back.
     drop(body);
-    let answer = door
-        .call_coordinator(
-            &format!("{SERVICE_PREFIX}{method}"),
-            &message,
-            &parts.headers,
-            Asks::caller(&caller),
-            connect_timeout(&parts.headers),
-            call,
-        )
-        .await?;
+    let head = Head {
+        headers: &parts.headers,
+        asks: Asks::caller(&caller),
+        timeout: connect_timeout(&parts.headers),
+        call,
+    };
+    let (answer, acquired) = dispatch(door, method, &message, head).await?;
     let mut status = StatusCode::OK;
     let mut extra = HeaderMap::new();
-    if method == "Acquire" {
+    if let Some(acquired) = acquired {
         decision_headers(
-            &answer,
+            &acquired,
             prefers_http_status(&parts.headers),
             &mut status,
             &mut extra,
@@ -197,18 +195,109 @@ async fn answer(
     Ok(response)
 }
 
+/// What a Connect call carries besides its message.
+struct Head<'a> {
+    headers: &'a HeaderMap,
+    asks: Asks,
+    timeout: Option<Duration>,
+    call: OpenCall,
+}
+
+/// An Acquire's decision, for the answer's headers.
+struct Decided {
+    decision: Decision,
+    retry_after: Option<prost_types::Duration>,
+}
+
+/// Calls `method` with `message` (its request's protobuf, as the caller
+/// sent it or as its JSON reads) through admission's typed entry, the
+/// service's own method answering; returns the answer's protobuf and, for
+/// an Acquire, its decision.
+async fn dispatch(
+    door: &Door,
+    method: &str,
+    message: &[u8],
+    head: Head<'_>,
+) -> Result<(Bytes, Option<Decided>), DoorError> {
+    async fn call<Q: Unary>(
+        door: &Door,
+        message: &[u8],
+        head: Head<'_>,
+    ) -> Result<Q::Answer, DoorError> {
+        let request = Q::decode(message).map_err(|e| {
+            DoorError::Shape(format!(
+                "the body is not a valid {} request: {e}",
+                Q::METHOD
+            ))
+        })?;
+        let answer = door
+            .unary(request, head.headers, head.asks, head.timeout, head.call)
+            .await?;
+        Ok(answer.into_inner())
+    }
+    fn bytes(message: &impl prost::Message) -> Bytes {
+        Bytes::from(message.encode_to_vec())
+    }
+    use proto::*;
+    Ok(match method {
+        "Acquire" => {
+            let acquired = call::<AcquireRequest>(door, message, head).await?;
+            let decided = Decided {
+                decision: acquired.decision(),
+                retry_after: acquired.retry_after,
+            };
+            (bytes(&acquired), Some(decided))
+        }
+        "Complete" => (
+            bytes(&call::<CompleteRequest>(door, message, head).await?),
+            None,
+        ),
+        "ExtendLease" => (
+            bytes(&call::<ExtendLeaseRequest>(door, message, head).await?),
+            None,
+        ),
+        "Get" => (bytes(&call::<GetRequest>(door, message, head).await?), None),
+        "Sweep" => (
+            bytes(&call::<SweepRequest>(door, message, head).await?),
+            None,
+        ),
+        "ReleaseLease" => (
+            bytes(&call::<ReleaseLeaseRequest>(door, message, head).await?),
+            None,
+        ),
+        "RetryNow" => (
+            bytes(&call::<RetryNowRequest>(door, message, head).await?),
+            None,
+        ),
+        "FailPermanently" => (
+            bytes(&call::<FailPermanentlyRequest>(door, message, head).await?),
+            None,
+        ),
+        "DeleteRecord" => (
+            bytes(&call::<DeleteRecordRequest>(door, message, head).await?),
+            None,
+        ),
+        "ListRecords" => (
+            bytes(&call::<ListRecordsRequest>(door, message, head).await?),
+            None,
+        ),
+        "Summarize" => (
+            bytes(&call::<SummarizeRequest>(door, message, head).await?),
+            None,
+        ),
+        _ => return Err(DoorError::NoRoute),
+    })
+}
+
 /// The replay marker, and with HTTP semantics asked for, the gateway
 /// mapping's status and `Retry-After`.
 fn decision_headers(
-    answer: &Bytes,
+    acquired: &Decided,
     http_semantics: bool,
     status: &mut StatusCode,
     headers: &mut HeaderMap,
 ) {
-    let Ok(acquired) = crate::proto::AcquireResponse::decode(answer.clone()) else {
-        return;
-    };
-    let decision = acquired.decision();
+    let decision = acquired.decision;
     if decision == Decision::AlreadyDone {
         headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
     }

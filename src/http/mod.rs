@@ -18,11 +18,14 @@
 //! - `hosts`: the `Host` names answered (against DNS rebinding).
 //!
 //! Every Coordinator call the door makes goes through the gRPC port's
-//! [`Admission`] in process, as a gRPC request (the caller's `authorization`
-//! passed through): credentials, tenants, byte budgets, deadlines, metrics,
-//! traces and the database gate apply exactly as to gRPC callers. The one
-//! read the workflow API makes for itself (a token-less `/complete` needs
-//! the current lease token) is such a call too: a Get that asks, in the
+//! [`Admission`] in process (the caller's `authorization` passed through):
+//! credentials, tenants, byte budgets, deadlines, metrics, traces and the
+//! database gate apply exactly as to gRPC callers. A unary call enters by
+//! admission's typed entry, the request a typed message handed to the
+//! service's own method (no protobuf framed, encoded or decoded on the
+//! way); a streaming one as an in-process gRPC request. The one read the
+//! workflow API makes for itself (a token-less `/complete` needs the
+//! current lease token) is such a call too: a Get that asks, in the
 //! request's extensions no network caller can set, for the token. Before
 //! a byte of a body is read, the door checks the headers: HTTP/1.1 framing
 //! as RFC 9112 has it, no browser's cross-site request, the caller's
@@ -57,10 +60,12 @@ use http::{HeaderMap, Method, Request, Response, Version, header};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use tokio::sync::Semaphore;
+use tonic_health::server::HealthService;
 
 use crate::auth::{Authenticator, Caller};
 use crate::domain::JsonValues;
 use crate::error::cause_chain;
+use crate::service::CoordinatorService;
 use crate::transport::{
     Admission, ConnectionShare, HttpBody, HttpHandler, OpenCall, Reservation, printable,
 };
@@ -158,6 +163,10 @@ fn well_formed<B>(request: &Request<B>) -> Result<(), DoorError> {
 pub struct Door {
     /// The gRPC port's admission, which every Coordinator call goes through.
     admission: Arc<Admission>,
+    /// The Coordinator, whose methods admission's typed entry calls.
+    coordinator: CoordinatorService,
+    /// The health service, which `/health` asks.
+    health: HealthService,
     /// Who the caller is, read from the headers before the body.
     auth: Arc<Authenticator>,
     /// Canonical JSON of the contract's messages.
@@ -185,9 +194,17 @@ pub struct DoorSecurity {
     pub allowed_hosts: Vec<String>,
 }
 
+/// What the door calls: admission, and behind it the services its typed
+/// entry runs.
+pub struct DoorServices {
+    pub admission: Arc<Admission>,
+    pub coordinator: CoordinatorService,
+    pub health: HealthService,
+}
+
 impl Door {
     pub fn new(
-        admission: Arc<Admission>,
+        services: DoorServices,
         auth: Arc<Authenticator>,
         max_request_bytes: usize,
         body_timeout: Duration,
@@ -195,7 +212,9 @@ impl Door {
         security: DoorSecurity,
     ) -> Result<Arc<Self>, prost_reflect::DescriptorError> {
         Ok(Arc::new(Door {
-            admission,
+            admission: services.admission,
+            coordinator: services.coordinator,
+            health: services.health,
             auth,
             schema: Schema::load()?,
             max_body_bytes: max_request_bytes.saturating_mul(2),

@@ -110,6 +110,7 @@ pub async fn json_fingerprint(text: String) -> Result<Fingerprint, InvalidInput>
         .unwrap_or_else(|_| Err(InvalidInput("cannot be canonicalised".to_owned())))
 }
 
+#[cfg(test)]
 pub fn acquire(
     tenant: Tenant,
     req: proto::AcquireRequest,
@@ -118,7 +119,7 @@ pub fn acquire(
     acquire_with(tenant, req, policy, None)
 }
 
-/// [`acquire`], with the `json_payload`'s fingerprint already computed
+/// An Acquire decoded, with the `json_payload`'s fingerprint already computed
 /// (when `json` is given, the request's own `json_payload` is not read).
 pub fn acquire_with(
     tenant: Tenant,

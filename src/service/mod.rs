@@ -7,13 +7,10 @@ mod admin;
 mod decode;
 mod due;
 mod encode;
-mod route;
 mod wait;
 
 pub use due::FeedConfig;
-pub use route::{ACQUIRE_PATH, AcquireRoute};
 
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,16 +22,17 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument as _;
 
 use crate::auth::{Authenticator, Caller};
-use crate::domain::{AcquireCommand, AdminAction, Policy};
+use crate::domain::{AcquireCommand, Acquired, AdminAction, Policy};
 use crate::error::Error;
-use crate::notify::Hub;
+use crate::metrics::Metrics;
+use crate::notify::{Hub, Subscription};
 use crate::proto;
 use crate::proto::acquire_request::RequestFingerprint;
 use crate::proto::coordinator_server::Coordinator;
 use crate::store::{CallTime, Store};
 use crate::sweeper::{Sweep, Sweeper};
 use crate::telemetry;
-use crate::transport::CallDeadline;
+use crate::transport::{CallDeadline, Reply, answer_later};
 
 /// Asks Get to answer the record's current lease token as well, in the
 /// response's extensions ([`CurrentLeaseToken`]), never on the wire. Only an
@@ -55,6 +53,9 @@ pub struct CurrentLeaseToken(pub String);
 pub struct CoordinatorService {
     /// Where every decision is made.
     store: Store,
+    /// The same store, shared: what a parked Acquire keeps (a pointer
+    /// rather than the store's 112 bytes, in each of thousands of waiters).
+    parked_store: Arc<Store>,
     /// Defaults and limits for requests.
     policy: Arc<Policy>,
     /// Where waiters hear that a record changed.
@@ -77,6 +78,7 @@ impl CoordinatorService {
         auth: Arc<Authenticator>,
     ) -> Self {
         CoordinatorService {
+            parked_store: Arc::new(store.clone()),
             store,
             policy,
             hub,
@@ -103,43 +105,99 @@ fn call_budget<T>(request: &Request<T>) -> Option<CallDeadline> {
 }
 
 impl CoordinatorService {
-    /// Runs a decoded Acquire: at once, or within its wait window. A plain
-    /// `fn` returning an `async` block, not an `async fn`, whose future would
-    /// hold the command twice (as argument and as local).
-    #[expect(
-        clippy::manual_async_fn,
-        reason = "an async fn's future would hold the command twice"
-    )]
-    fn run_acquire(
+    /// A decoded Acquire, its large `json_payload` canonicalised on the
+    /// blocking pool.
+    async fn acquire_command(
+        &self,
+        request: Request<proto::AcquireRequest>,
+    ) -> Result<AcquireCommand, Error> {
+        let budget = call_budget(&request);
+        let tenant = self.caller(&request)?.tenant;
+        let mut message = request.into_inner();
+        let json = match &mut message.request_fingerprint {
+            Some(RequestFingerprint::JsonPayload(text))
+                if text.len() > decode::INLINE_JSON_BYTES =>
+            {
+                Some(decode::json_fingerprint(std::mem::take(text)).await)
+            }
+            _ => None,
+        };
+        let mut cmd = decode::acquire_with(tenant, message, &self.policy, json)?;
+        cmd.answer_by = budget.map(|d| d.0.into_std());
+        telemetry::record_id(&cmd.id);
+        Ok(cmd)
+    }
+
+    /// Parks an Acquire that may wait `window`: the call is answered at
+    /// once with its headers and an [`AnswerLater`], and a task of its own
+    /// (the command, the hub's subscription and the wait's state, no
+    /// request and no handler's future) decides, waits and hands the
+    /// answer over; it ends early if the caller goes away.
+    fn park(
         &self,
         cmd: AcquireCommand,
-    ) -> impl Future<Output = Result<Response<proto::AcquireResponse>, Status>> + Send + '_ {
-        async move {
-            let answer_by = cmd.answer_by.map(Instant::from_std);
-            let left = answer_by.map(|at| at.saturating_duration_since(Instant::now()));
-            let window = Some(wait::window(cmd.wait, left)).filter(|w| !w.is_zero());
-            let acquired = match window {
-                None => {
-                    let time = CallTime::until(answer_by);
-                    self.store.acquire(&cmd, Duration::ZERO, time).await
-                }
-                Some(window) => {
-                    let subscription = self.hub.subscribe(&cmd.id).map_err(Error::from)?;
-                    wait::acquire(&self.store, subscription, &cmd, window).await
-                }
-            }
-            .map_err(|e| Error::from_store(e, self.store.metrics()))?;
-            self.store.metrics().acquired(
-                acquired.decision,
-                cmd.id.scope.as_str(),
-                acquired.took_over(),
-            );
-            tracing::debug!(scope = cmd.id.scope.as_str(), decision = ?acquired.decision, "acquire");
-            let answer = encode::acquired(acquired);
-            telemetry::record_decision(answer.decision().as_str_name());
-            Ok(Response::new(answer))
-        }
+        window: Duration,
+    ) -> Result<Response<proto::AcquireResponse>, Error> {
+        let subscription = self.hub.subscribe(&cmd.id)?;
+        let (reply, later) = answer_later();
+        tokio::spawn(
+            parked(
+                Arc::clone(&self.parked_store),
+                subscription,
+                cmd,
+                window,
+                reply,
+            )
+            .instrument(tracing::Span::current()),
+        );
+        let mut response = Response::new(proto::AcquireResponse::default());
+        response.extensions_mut().insert(later);
+        Ok(response)
     }
+}
+
+/// A parked Acquire: see [`CoordinatorService::park`]. Its future is what
+/// a waiting call holds for its whole window.
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn's future would hold the command twice (968 bytes, not 760)"
+)]
+fn parked(
+    store: Arc<Store>,
+    subscription: Subscription,
+    cmd: AcquireCommand,
+    window: Duration,
+    mut reply: Reply,
+) -> impl std::future::Future<Output = ()> + Send {
+    async move {
+        let waited = wait::acquire(&store, subscription, &cmd, window);
+        let acquired = tokio::select! {
+            acquired = waited => acquired,
+            () = reply.closed() => return,
+        };
+        reply.send(
+            acquired
+                .map(|acquired| answered(store.metrics(), &cmd, acquired))
+                .map_err(|e| Status::from(Error::from_store(e, store.metrics()))),
+        );
+    }
+}
+
+/// An Acquire's decision as its answer, counted and traced.
+fn answered(
+    metrics: &Metrics,
+    cmd: &AcquireCommand,
+    acquired: Acquired,
+) -> proto::AcquireResponse {
+    metrics.acquired(
+        acquired.decision,
+        cmd.id.scope.as_str(),
+        acquired.took_over(),
+    );
+    tracing::debug!(scope = cmd.id.scope.as_str(), decision = ?acquired.decision, "acquire");
+    let answer = encode::acquired(acquired);
+    telemetry::record_decision(answer.decision().as_str_name());
+    answer
 }
 
 /// The store's bounds for a call whose caller stops waiting at `deadline`:
@@ -154,51 +212,26 @@ type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Coordinator for CoordinatorService {
-    // Written out rather than `async fn`: the request is decoded before the
-    // future is built, so a call waiting in its window does not keep the
-    // request (metadata and message) in its future; only the command does.
-    fn acquire<'life0, 'async_trait>(
-        &'life0 self,
+    /// Decided at once, or, for a caller that may wait, parked
+    /// ([`CoordinatorService::park`]) and answered when decided.
+    async fn acquire(
+        &self,
         request: Request<proto::AcquireRequest>,
-    ) -> Pin<
-        Box<
-            dyn Future<Output = Result<Response<proto::AcquireResponse>, Status>>
-                + Send
-                + 'async_trait,
-        >,
-    >
-    where
-        'life0: 'async_trait,
-        Self: 'async_trait,
-    {
-        let budget = call_budget(&request);
-        let caller = match self.caller(&request) {
-            Ok(caller) => caller,
-            Err(e) => return Box::pin(std::future::ready(Err(e.into()))),
-        };
-        let mut message = request.into_inner();
-        if let Some(RequestFingerprint::JsonPayload(text)) = &mut message.request_fingerprint
-            && text.len() > decode::INLINE_JSON_BYTES
-        {
-            let text = std::mem::take(text);
-            return Box::pin(async move {
-                let json = decode::json_fingerprint(text).await;
-                let mut cmd =
-                    decode::acquire_with(caller.tenant, message, &self.policy, Some(json))?;
-                cmd.answer_by = budget.map(|d| d.0.into_std());
-                telemetry::record_id(&cmd.id);
-                self.run_acquire(cmd).await
-            });
-        }
-        // A refused request is answered without a future of its own; the
-        // future below holds the command alone, not also its `Result`.
-        match decode::acquire(caller.tenant, message, &self.policy) {
-            Ok(mut cmd) => {
-                cmd.answer_by = budget.map(|d| d.0.into_std());
-                telemetry::record_id(&cmd.id);
-                Box::pin(self.run_acquire(cmd))
+    ) -> Result<Response<proto::AcquireResponse>, Status> {
+        let cmd = self.acquire_command(request).await?;
+        let answer_by = cmd.answer_by.map(Instant::from_std);
+        let left = answer_by.map(|at| at.saturating_duration_since(Instant::now()));
+        match Some(wait::window(cmd.wait, left)).filter(|w| !w.is_zero()) {
+            Some(window) => Ok(self.park(cmd, window)?),
+            None => {
+                let time = CallTime::until(answer_by);
+                let acquired = self
+                    .store
+                    .acquire(&cmd, Duration::ZERO, time)
+                    .await
+                    .map_err(|e| Error::from_store(e, self.store.metrics()))?;
+                Ok(Response::new(answered(self.store.metrics(), &cmd, acquired)))
             }
-            Err(e) => Box::pin(std::future::ready(Err(e.into()))),
         }
     }
 
@@ -453,10 +486,13 @@ mod tests {
         )
     }
 
-    #[test]
-    fn a_waiting_acquire_fits_in_640_bytes() {
-        // Ten thousand of these are the server's memory; 640 bytes is one of
-        // jemalloc's size classes, and the next is 768 (README, Memory).
+    #[tokio::test]
+    async fn a_parked_acquire_fits_in_768_bytes() {
+        // Ten thousand of these are the server's memory; 768 bytes is one of
+        // jemalloc's size classes (README, Memory). Besides the command and
+        // the wait's state (640 bytes when the handler's future held them),
+        // it keeps the store's handle and its reply, and watches for the
+        // caller leaving.
         let service = service();
         let request = Request::new(proto::AcquireRequest {
             scope: "s".into(),
@@ -467,22 +503,14 @@ mod tests {
             }),
             ..Default::default()
         });
-        let call = service.acquire(request);
-        let size = std::mem::size_of_val(&*call);
-        assert!(size <= 640, "a waiting Acquire's future is {size} bytes");
-        // A refused request's future is far smaller: this one was accepted.
-        assert!(size > 320, "{size} bytes: the request was refused");
-    }
-
-    #[test]
-    fn acquires_own_route_keeps_a_few_words_beside_the_services_future() {
-        use crate::transport::DirectMethod as _;
-        // What a waiting call holds besides the service's future: the
-        // router's and the generated server's futures took about 2.7 KB.
-        let route = AcquireRoute::new(service(), Ok, 1 << 16);
-        let call = route.call(http::Request::new(tonic::body::Body::empty()));
-        let size = std::mem::size_of_val(&*call);
-        assert!(size <= 64, "Acquire's route keeps {size} bytes a call");
+        let cmd = service.acquire_command(request).await.unwrap();
+        let subscription = service.hub.subscribe(&cmd.id).unwrap();
+        let (reply, _later) = answer_later();
+        let window = Duration::from_secs(30);
+        let store = Arc::clone(&service.parked_store);
+        let waiter = parked(store, subscription, cmd, window, reply);
+        let size = std::mem::size_of_val(&waiter);
+        assert!(size <= 768, "a parked Acquire's future is {size} bytes");
     }
 
     #[test]

@@ -11,9 +11,9 @@ use tokio::net::TcpListener;
 use super::StartupError;
 use crate::auth::Authenticator;
 use crate::config::ServeConfig;
-use crate::http::{Door, DoorSecurity, Handler};
+use crate::http::{Door, DoorSecurity, DoorServices, Handler};
 use crate::tls::Tls;
-use crate::transport::{self, Admission, ConnectionLimits};
+use crate::transport::{self, ConnectionLimits};
 
 /// The door, ready to serve.
 pub(super) struct HttpDoor {
@@ -23,11 +23,11 @@ pub(super) struct HttpDoor {
 
 impl HttpDoor {
     /// The door on `listener`, when there is one: its calls go through
-    /// `admission` as the caller `auth` authenticates. Fails when the
+    /// the services' admission as the caller `auth` authenticates. Fails when the
     /// contract's descriptors cannot be read.
     pub(super) fn open(
         listener: Option<TcpListener>,
-        admission: &Arc<Admission>,
+        services: DoorServices,
         auth: Arc<Authenticator>,
         config: &ServeConfig,
     ) -> Result<Option<HttpDoor>, StartupError> {
@@ -35,7 +35,7 @@ impl HttpDoor {
             return Ok(None);
         };
         let door = Door::new(
-            Arc::clone(admission),
+            services,
             auth,
             config.max_request_bytes,
             config.request_body_timeout,

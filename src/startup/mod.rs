@@ -38,10 +38,12 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tonic_health::server::HealthService;
 
 use crate::auth::{Authenticator, CredentialsError};
 use crate::config::ServeConfig;
 use crate::error::cause_chain;
+use crate::http::DoorServices;
 use crate::notify::Hub;
 use crate::service::CoordinatorService;
 use crate::store::{self, Clock, Store, StoreError, UrlError, migrate};
@@ -349,13 +351,18 @@ impl Application {
         );
         let gate = database::gate(Arc::clone(&database_up));
         let (admission, reporter) = routes::admission(
-            coordinator,
+            coordinator.clone(),
             gate,
             (Arc::clone(&auth), store.metrics().clone()),
             &config,
         )
         .await?;
-        let http_door = HttpDoor::open(http_listener, &admission, Arc::clone(&auth), &config)?;
+        let door_services = DoorServices {
+            admission: Arc::clone(&admission),
+            coordinator,
+            health: HealthService::from_health_reporter(reporter.clone()),
+        };
+        let http_door = HttpDoor::open(http_listener, door_services, Arc::clone(&auth), &config)?;
         store
             .metrics()
             .set_scope_labels(config.metrics_scope_labels);

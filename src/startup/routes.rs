@@ -1,11 +1,11 @@
-//! The gRPC port's services: the Coordinator behind its gate, health, and
-//! reflection (v1 and v1alpha, from one builder), behind admission.
+//! The gRPC port's services: the Coordinator, health, and reflection (v1
+//! and v1alpha, from one builder), behind admission (which holds the
+//! Coordinator's gate).
 
 use std::sync::Arc;
 
 use tonic::Status;
 use tonic::service::Routes;
-use tonic::service::interceptor::InterceptedService;
 use tonic_health::server::HealthReporter;
 
 use super::StartupError;
@@ -13,52 +13,40 @@ use crate::auth::Authenticator;
 use crate::config::ServeConfig;
 use crate::metrics::Metrics;
 use crate::proto::{self, coordinator_server::CoordinatorServer};
-use crate::service::{ACQUIRE_PATH, AcquireRoute, CoordinatorService};
+use crate::service::CoordinatorService;
 use crate::transport::Admission;
 
 /// The gRPC port's front: admission (under the configured byte budget and
-/// limits, callers authenticated by `auth`) before the routes [`grpc`]
-/// builds, and the health reporter that says their readiness.
+/// limits, callers authenticated by `auth`, Coordinator calls behind
+/// `gate`) before the routes [`grpc`] builds, and the health reporter that
+/// says their readiness.
 pub(super) async fn admission(
     coordinator: CoordinatorService,
-    gate: impl Fn(tonic::Request<()>) -> Result<tonic::Request<()>, Status>
-    + Clone
-    + Send
-    + Sync
-    + 'static,
+    gate: impl Fn(tonic::Request<()>) -> Result<tonic::Request<()>, Status> + Send + Sync + 'static,
     (auth, metrics): (Arc<Authenticator>, Metrics),
     config: &ServeConfig,
 ) -> Result<(Arc<Admission>, HealthReporter), StartupError> {
-    let acquire = AcquireRoute::new(coordinator.clone(), gate.clone(), config.max_request_bytes);
-    let (routes, reporter) = grpc(coordinator, gate, config.max_request_bytes).await?;
-    // Acquire, the call that waits, ahead of the router (its own route says
-    // why); the same gate and message limit as its route in `routes`.
+    let (routes, reporter) = grpc(coordinator, config.max_request_bytes).await?;
     let admission = Admission::new(
         routes,
+        Arc::new(move || gate(tonic::Request::new(())).map(drop)),
         (auth, metrics),
         config.max_inflight_request_bytes,
         config.max_request_bytes,
         config.request_body_timeout,
-    )
-    .serve_directly(ACQUIRE_PATH, Arc::new(acquire));
+    );
     Ok((Arc::new(admission), reporter))
 }
 
 /// The routes of the gRPC port, and the health reporter that says their
 /// readiness: the Coordinator NOT_SERVING until readiness says otherwise.
 ///
-/// `gate` sees every Coordinator call first (it refuses them while the
-/// database is not ready). Requests somewhat over the result limit still
-/// decode, so the caller hears INVALID_ARGUMENT naming `success.result`;
-/// past `max_request_bytes` admission refuses them (RESOURCE_EXHAUSTED)
-/// from their length prefix, before they arrive.
+/// Requests somewhat over the result limit still decode, so the caller
+/// hears INVALID_ARGUMENT naming `success.result`; past `max_request_bytes`
+/// admission refuses them (RESOURCE_EXHAUSTED) from their length prefix,
+/// before they arrive.
 async fn grpc(
     coordinator: CoordinatorService,
-    gate: impl Fn(tonic::Request<()>) -> Result<tonic::Request<()>, Status>
-    + Clone
-    + Send
-    + Sync
-    + 'static,
     max_request_bytes: usize,
 ) -> Result<(Routes, HealthReporter), StartupError> {
     let (reporter, health) = tonic_health::server::health_reporter();
@@ -71,7 +59,7 @@ async fn grpc(
     let routes = Routes::new(health)
         .add_service(reflection().build_v1()?)
         .add_service(reflection().build_v1alpha()?)
-        .add_service(InterceptedService::new(coordinator, gate))
+        .add_service(coordinator)
         .prepare();
     Ok((routes, reporter))
 }

@@ -10,12 +10,10 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
-use futures_util::FutureExt as _;
 use futures_util::future::Either;
 use http::{HeaderMap, Request, Response};
 use tonic::body::Body;
@@ -24,12 +22,15 @@ use tower_service::Service as _;
 use tracing::Instrument as _;
 
 use super::activity::OpenCall;
-use super::body::{BodyLimits, ByteBudget, Full, GuardedBody, Pace, Reservation};
+use super::body::{BodyLimits, ByteBudget, Full, GuardedBody, Held, Pace, Reservation};
+use super::later::AnswerLater;
 use crate::auth::{Authenticator, Caller};
 use crate::domain::Tenant;
 use crate::error::Error;
 use crate::metrics::{self, Metrics};
 use crate::telemetry::CallSpan;
+
+mod typed;
 
 /// The largest message of the health and reflection services: their
 /// requests name a service or a symbol.
@@ -177,19 +178,12 @@ fn header_bytes(headers: &HeaderMap) -> usize {
         .sum()
 }
 
-/// A unary method that admission calls itself, ahead of the routes: one
-/// whose calls may wait long, so that while they wait they hold a future of
-/// the method's own making, not the router's besides.
-pub trait DirectMethod: Send + Sync + 'static {
-    /// Answers one admitted call; the answer's status is in it.
-    fn call(&self, request: Request<Body>) -> Pin<Box<dyn Future<Output = Response<Body>> + Send>>;
-}
-
 /// The limits of admission, shared by every connection.
 pub struct Admission {
     routes: Routes,
-    /// Methods answered ahead of `routes`, by path.
-    direct: Vec<(&'static str, Arc<dyn DirectMethod>)>,
+    /// Sees every Coordinator call first (it refuses them while the
+    /// database is not ready).
+    gate: Gate,
     auth: Arc<Authenticator>,
     /// For Coordinator calls.
     budget: Arc<ByteBudget>,
@@ -208,8 +202,12 @@ pub struct Admission {
     metrics: Metrics,
 }
 
-fn refuse(error: Error) -> Response<Body> {
-    tonic::Status::from(error).into_http()
+/// What every Coordinator call passes after its caller is known: `Err` to
+/// refuse it (with UNAVAILABLE while the database is not ready).
+pub type Gate = Arc<dyn Fn() -> Result<(), tonic::Status> + Send + Sync>;
+
+fn refuse(status: tonic::Status) -> Response<Body> {
+    status.into_http()
 }
 
 impl Admission {
@@ -217,6 +215,7 @@ impl Admission {
     /// refusals are counted in `metrics`.
     pub fn new(
         routes: Routes,
+        gate: Gate,
         (auth, metrics): (Arc<Authenticator>, Metrics),
         inflight_bytes: usize,
         max_request_bytes: usize,
@@ -224,7 +223,7 @@ impl Admission {
     ) -> Self {
         Admission {
             routes,
-            direct: Vec::new(),
+            gate,
             auth,
             budget: ByteBudget::new(inflight_bytes),
             tenant_shares: Mutex::new(HashMap::new()),
@@ -239,13 +238,6 @@ impl Admission {
     /// The server's metrics, where every call through admission is counted.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
-    }
-
-    /// Calls to `path` go to `method` instead of the routes.
-    #[must_use]
-    pub fn serve_directly(mut self, path: &'static str, method: Arc<dyn DirectMethod>) -> Self {
-        self.direct.push((path, method));
-        self
     }
 
     /// Admits or refuses one call; `call` marks its connection busy until
@@ -282,30 +274,32 @@ impl Admission {
                 return Either::Left(std::future::ready(Ok(answered(rpc, refused).0)));
             }
         };
-        // Calls of the health and reflection services, open to anyone, hold
-        // their share for as long as they last; Coordinator calls are bounded
-        // by the waiter limits once their request is in.
-        let (body_share, held) = match service {
-            Service::Coordinator => (reservation, None),
-            _ => (reservation.empty(), Some(reservation)),
+        // A Coordinator call holds its headers' charge and its request's
+        // bytes, as they arrive and for as long as the call holds them
+        // (decoded, then waiting for the database), until its service has
+        // answered; then its answer's bytes instead, until they have been
+        // sent. A call its service parked holds nothing once parked: the
+        // waiter limits bound those. Calls of the health and reflection
+        // services, open to anyone, count their messages only while they
+        // arrive, and their headers' charge for as long as they last.
+        let (body_share, held, answering) = match service {
+            Service::Coordinator => {
+                let held = Held::new(reservation);
+                let answer = Answer {
+                    kept: held.bytes(),
+                    bytes: 0,
+                };
+                (held.clone(), held, Some(answer))
+            }
+            _ => (Held::new(reservation.empty()), Held::new(reservation), None),
         };
         let request = request.map(|body| GuardedBody::new(body, body_share, limits));
-        let direct = self
-            .direct
-            .iter()
-            .find(|(path, _)| *path == request.uri().path())
-            .map(|(_, method)| method);
+        // Boxed: the router's future (320 bytes) would otherwise size every
+        // call's future. A call that waits does not keep it: its service
+        // parks it and answers later ([`AnswerLater`]).
         let answer = span
             .span()
-            .in_scope(|| match direct {
-                Some(method) => {
-                    Either::Left(method.call(request.map(Body::new)).map(Ok::<_, Infallible>))
-                }
-                // Boxed: the router's future (320 bytes) would otherwise
-                // size every call's future, a waiting Acquire's too, for
-                // which the hyper task holding it is kept all its window.
-                None => Either::Right(Box::pin(self.routes.clone().call(request))),
-            })
+            .in_scope(|| Box::pin(self.routes.clone().call(request)))
             .instrument(span.span().clone());
         Either::Right(async move {
             let response = match deadline {
@@ -314,10 +308,19 @@ impl Admission {
                     let expired = Box::pin(tokio::time::sleep(deadline));
                     match futures_util::future::select(answer, expired).await {
                         Either::Left((response, _)) => response,
-                        Either::Right(_) => Ok(refuse(Error::DeadlineExceeded)),
+                        Either::Right(_) => Ok(refuse(Error::DeadlineExceeded.into())),
                     }
                 }
             }?;
+            let (response, parked) = answer_later(response);
+            let mut answer = answering;
+            if let Some(answer) = &mut answer {
+                // The request is gone: its bytes leave the budget.
+                if parked {
+                    answer.kept = 0;
+                }
+                held.answering(answer.kept, 0);
+            }
             span.answered(response.headers());
             let (response, rpc) = answered(rpc, response);
             Ok(response.map(|body| {
@@ -325,7 +328,8 @@ impl Admission {
                     body,
                     rpc,
                     _call: call,
-                    _held: held,
+                    held,
+                    answer,
                     span,
                 })
             }))
@@ -364,7 +368,7 @@ impl Admission {
         &self,
         request: &mut Request<B>,
         service: Service,
-    ) -> Result<(Reservation, BodyLimits, Option<Duration>), Error> {
+    ) -> Result<(Reservation, BodyLimits, Option<Duration>), tonic::Status> {
         let port = match request.extensions().get::<FromHttpPort>() {
             Some(_) => metrics::Port::Http,
             None => metrics::Port::Grpc,
@@ -379,8 +383,10 @@ impl Admission {
                     None => self
                         .auth
                         .caller_from_headers(request.headers())
-                        .inspect_err(|_| refused(&self.metrics, port, "unauthenticated"))?,
+                        .inspect_err(|_| refused(&self.metrics, port, "unauthenticated"))
+                        .map_err(Error::from)?,
                 };
+                (self.gate)()?;
                 let reservation = self.hold_for(&caller, Vec::new());
                 request.extensions_mut().insert(caller);
                 reservation
@@ -390,7 +396,7 @@ impl Admission {
         let charge = 2 * header_bytes(request.headers()) + CALL_OVERHEAD_BYTES;
         if let Err(full) = reservation.grow(charge) {
             refused(&self.metrics, port, full.reason());
-            return Err(Error::Overloaded);
+            return Err(Error::Overloaded.into());
         }
         let (max_message, max_message_flag) = match service {
             Service::Coordinator => (self.max_request_bytes, "--max-request-bytes"),
@@ -418,6 +424,15 @@ impl Admission {
                 .insert(CallDeadline::after(deadline));
         }
         Ok((reservation, limits, deadline))
+    }
+}
+
+/// `response` with the body its service parked for later, if it did, and
+/// whether it did.
+fn answer_later(mut response: Response<Body>) -> (Response<Body>, bool) {
+    match response.extensions_mut().remove::<AnswerLater>() {
+        Some(later) => (response.map(|_| later.into_body()), true),
+        None => (response, false),
     }
 }
 
@@ -449,9 +464,23 @@ struct Tracked {
     body: Body,
     rpc: Option<metrics::Rpc>,
     _call: OpenCall,
-    _held: Option<Reservation>,
+    /// The call's share of the budget, given back when the answer has been
+    /// sent (or dropped).
+    held: Held,
+    /// A Coordinator call's answer, counted in `held` as it is sent.
+    answer: Option<Answer>,
     /// Hears the status in the trailers.
     span: CallSpan,
+}
+
+/// What a Coordinator call's answer holds of its share.
+struct Answer {
+    /// The headers' charge, held until the answer has been sent (nothing
+    /// for a call its service parked).
+    kept: usize,
+    /// The answer's bytes so far, which replace the request's in the share
+    /// (the request is gone once the service has answered).
+    bytes: usize,
 }
 
 impl http_body::Body for Tracked {
@@ -465,6 +494,13 @@ impl http_body::Body for Tracked {
         let this = self.get_mut();
         let polled = std::pin::Pin::new(&mut this.body).poll_frame(cx);
         if let std::task::Poll::Ready(Some(frame)) = &polled {
+            if let Ok(frame) = frame
+                && let Some(data) = frame.data_ref()
+                && let Some(answer) = &mut this.answer
+            {
+                answer.bytes += data.len();
+                this.held.answering(answer.kept, answer.bytes);
+            }
             if let Ok(frame) = frame
                 && let Some(trailers) = frame.trailers_ref()
             {

@@ -1,11 +1,13 @@
-//! What a request may make the server hold while it arrives: its bytes count
-//! against one budget for the whole server, its gRPC messages against a size
-//! limit read from their 5-byte prefix (before the message itself arrives),
-//! and its body against a time limit.
+//! What a request may make the server hold: its bytes count against one
+//! budget for the whole server as they arrive and for as long as its call
+//! holds them ([`Held`]: decoded, waiting for the database, then as its
+//! answer), its gRPC messages against a size limit read from their 5-byte
+//! prefix (before the message itself arrives), and its body against a time
+//! limit.
 
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -128,6 +130,26 @@ impl Reservation {
         Ok(())
     }
 
+    /// Takes `bytes` more of the budget and of every share whether or not
+    /// they are free: for bytes the server holds already (an answer built),
+    /// which then keep later requests out until they are given back.
+    fn add(&mut self, bytes: usize) {
+        self.budget.used.fetch_add(bytes, Ordering::AcqRel);
+        for share in &self.shares {
+            share.used.fetch_add(bytes, Ordering::AcqRel);
+        }
+        self.bytes += bytes;
+    }
+
+    /// Holds `bytes` from now on: gives back what is over, takes what is
+    /// missing (whether or not it is free, as [`Reservation::add`]).
+    fn resize_to(&mut self, bytes: usize) {
+        match bytes.checked_sub(self.bytes) {
+            Some(more) => self.add(more),
+            None => self.shrink_to(bytes),
+        }
+    }
+
     /// Gives back all but `keep` bytes.
     fn shrink_to(&mut self, keep: usize) {
         if self.bytes > keep {
@@ -151,6 +173,37 @@ impl Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         self.shrink_to(0);
+    }
+}
+
+/// A call's [`Reservation`], held by its request body while it arrives and
+/// by its answer until that has been sent, whichever lets go last: what a
+/// call holds after its body is in (the decoded request, a result waiting
+/// for the database, the answer waiting for the client) stays counted.
+#[derive(Clone)]
+pub struct Held(Arc<Mutex<Reservation>>);
+
+impl Held {
+    pub fn new(reservation: Reservation) -> Self {
+        Held(Arc::new(Mutex::new(reservation)))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Reservation> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Bytes held now.
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
+    /// The answer has begun: `request` bytes (the headers' charge and the
+    /// request's messages, which are gone once the service answered) are
+    /// held from now on as `kept` for the headers plus `answer` bytes, the
+    /// answer's so far; what that is over the budget is counted anyway,
+    /// since the answer exists already, and keeps later calls out.
+    pub fn answering(&self, kept: usize, answer: usize) {
+        self.lock().resize_to(kept + answer);
     }
 }
 
@@ -243,7 +296,7 @@ pub struct GuardedBody<B> {
     inner: B,
     /// The bytes held for this request: `kept` for its headers, the rest
     /// for its message bytes received so far.
-    reservation: Reservation,
+    reservation: Held,
     kept: usize,
     framing: Framing,
     limits: BodyLimits,
@@ -256,14 +309,14 @@ pub struct GuardedBody<B> {
 }
 
 impl<B> GuardedBody<B> {
-    pub fn new(inner: B, reservation: Reservation, limits: BodyLimits) -> Self {
+    pub fn new(inner: B, reservation: Held, limits: BodyLimits) -> Self {
         let deadline = match limits.pace {
             Pace::Whole => Some(Instant::now() + limits.timeout),
             Pace::EachMessage => None,
         };
         GuardedBody {
             inner,
-            kept: reservation.bytes,
+            kept: reservation.bytes(),
             reservation,
             framing: Framing::default(),
             limits,
@@ -281,7 +334,7 @@ impl<B> GuardedBody<B> {
         self.done = true;
         self.deadline = None;
         self.timer = None;
-        self.reservation.shrink_to(0);
+        self.reservation.lock().shrink_to(0);
         Poll::Ready(Some(Err(Box::new(tonic::Status::from(error)))))
     }
 
@@ -291,7 +344,7 @@ impl<B> GuardedBody<B> {
         if self.deadline.is_none() && !data.is_empty() {
             self.deadline = Some(Instant::now() + self.limits.timeout);
         }
-        if let Err(full) = self.reservation.grow(data.len()) {
+        if let Err(full) = self.reservation.lock().grow(data.len()) {
             return Err((Error::Overloaded, full.reason()));
         }
         let completed = self
@@ -309,7 +362,7 @@ impl<B> GuardedBody<B> {
             // Whole messages go on to their decoder at once: their bytes are
             // no longer waiting on the network.
             // A message begun in the same frame has its own time limit.
-            self.reservation.shrink_to(self.kept);
+            self.reservation.lock().shrink_to(self.kept);
             self.deadline = self
                 .framing
                 .in_message()

@@ -16,6 +16,7 @@ mod admission;
 mod body;
 mod coalesce;
 mod connection;
+mod later;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -28,11 +29,12 @@ use crate::tls::Tls;
 pub use accept::raise_open_file_limit;
 pub use activity::OpenCall;
 pub use admission::{
-    Admission, CALL_OVERHEAD_BYTES, CallDeadline, DirectMethod, FromHttpPort,
-    OPEN_SERVICES_BUDGET_BYTES, SMALL_MESSAGE_BYTES, TENANT_SHARE_DIVISOR, refused,
+    Admission, CALL_OVERHEAD_BYTES, CallDeadline, FromHttpPort, OPEN_SERVICES_BUDGET_BYTES,
+    SMALL_MESSAGE_BYTES, TENANT_SHARE_DIVISOR, refused,
 };
 pub use body::{ByteBudget, Full, Reservation};
 pub use connection::{ConnectionShare, HttpBody, HttpHandler, Peer};
+pub use later::{AnswerLater, Reply, answer_later};
 
 /// `text` with every character that could forge or disturb a log line
 /// escaped (`\n`, `\r`, ESC as `\u{1b}`, the other control characters,

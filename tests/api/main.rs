@@ -28,6 +28,7 @@ use test_support::helpers;
 mod hostile;
 mod http;
 mod in_transaction;
+mod large_results;
 mod metrics;
 mod metrics_apart;
 mod migrations;

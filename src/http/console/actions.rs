@@ -167,9 +167,8 @@ pub(super) async fn home(
         page_token: query.get("after").to_owned(),
         page_size: pages::SCOPES_PER_PAGE,
     };
-    let answer: Result<proto::SummarizeResponse, _> = door
-        .console_call(session, "Summarize", &request, &call)
-        .await;
+    let answer: Result<proto::SummarizeResponse, _> =
+        door.console_call(session, &request, &call).await;
     match answer {
         Ok(summary) => html(StatusCode::OK, pages::home(session, &summary)),
         Err(status) => refused(session, &status),
@@ -195,9 +194,8 @@ pub(super) async fn records(
         page_size: 50,
         status: status.into(),
     };
-    let answer: Result<proto::ListRecordsResponse, _> = door
-        .console_call(session, "ListRecords", &request, &call)
-        .await;
+    let answer: Result<proto::ListRecordsResponse, _> =
+        door.console_call(session, &request, &call).await;
     match answer {
         Ok(page) => html(StatusCode::OK, pages::records(session, query, &page)),
         Err(status) => refused(session, &status),
@@ -214,8 +212,7 @@ async fn get(
         scope: query.get("scope").to_owned(),
         key: query.get("key").to_owned(),
     };
-    let answer: Result<proto::GetResponse, _> =
-        door.console_call(session, "Get", &request, call).await;
+    let answer: Result<proto::GetResponse, _> = door.console_call(session, &request, call).await;
     match answer {
         Ok(proto::GetResponse {
             record: Some(record),
@@ -342,40 +339,20 @@ pub(super) async fn act(
     let back = link("record", &[("scope", scope), ("key", key)]);
     let done: Result<(), tonic::Status> = match fields.get("action") {
         "release" => door
-            .console_call::<_, proto::ReleaseLeaseResponse>(
-                session,
-                "ReleaseLease",
-                &proto::ReleaseLeaseRequest { target },
-                &call,
-            )
+            .console_call(session, &proto::ReleaseLeaseRequest { target }, &call)
             .await
             .map(drop),
         "retry" => door
-            .console_call::<_, proto::RetryNowResponse>(
-                session,
-                "RetryNow",
-                &proto::RetryNowRequest { target },
-                &call,
-            )
+            .console_call(session, &proto::RetryNowRequest { target }, &call)
             .await
             .map(drop),
         "fail" => door
-            .console_call::<_, proto::FailPermanentlyResponse>(
-                session,
-                "FailPermanently",
-                &proto::FailPermanentlyRequest { target },
-                &call,
-            )
+            .console_call(session, &proto::FailPermanentlyRequest { target }, &call)
             .await
             .map(drop),
         "delete" => {
             return match door
-                .console_call::<_, proto::DeleteRecordResponse>(
-                    session,
-                    "DeleteRecord",
-                    &proto::DeleteRecordRequest { target },
-                    &call,
-                )
+                .console_call(session, &proto::DeleteRecordRequest { target }, &call)
                 .await
             {
                 Ok(_) => see_other(&link("records", &[("scope", scope)])),

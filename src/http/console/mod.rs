@@ -35,10 +35,9 @@ use std::time::Duration;
 
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
-use prost::Message;
 use tonic::Status;
 
-use super::connect::SERVICE_PREFIX;
+use super::inprocess::Unary;
 use super::{Asks, Door};
 use crate::proto;
 use crate::transport::{HttpBody, OpenCall};
@@ -127,24 +126,22 @@ fn not_found(session: &Session) -> Response<HttpBody> {
 
 impl Door {
     /// One unary Coordinator call from the console, as `session`'s caller.
-    async fn console_call<Q: Message, A: Message + Default>(
+    async fn console_call<Q: Unary + Clone>(
         &self,
         session: &Session,
-        method: &str,
         request: &Q,
         call: &OpenCall,
-    ) -> Result<A, Status> {
-        let bytes = self
-            .call_coordinator(
-                &format!("{SERVICE_PREFIX}{method}"),
-                &request.encode_to_vec(),
+    ) -> Result<Q::Answer, Status> {
+        let answer = self
+            .unary(
+                request.clone(),
                 &session.headers,
                 Asks::caller(&session.caller),
                 Some(CALL_TIMEOUT),
                 call.another(),
             )
             .await?;
-        A::decode(bytes).map_err(|_| Status::internal("cannot read the answer"))
+        Ok(answer.into_inner())
     }
 }
 

@@ -33,9 +33,9 @@ use std::time::Duration;
 
 use http::{HeaderMap, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use prost::Message as _;
 use serde_json::{Value, json};
 use tonic::Code;
+use tonic_health::pb::health_server::Health as _;
 
 mod fields;
 
@@ -47,8 +47,8 @@ use super::{Asks, Door, DoorError, HeldBody, Media, json_response, parse_json, v
 use crate::auth::Caller;
 use crate::domain::Status;
 use crate::proto::{
-    self, AcquireRequest, AcquireResponse, CompleteRequest, CompleteResponse, Decision, GetRequest,
-    GetResponse, acquire_request::RequestFingerprint, complete_request::Outcome,
+    self, AcquireRequest, AcquireResponse, CompleteRequest, Decision, GetRequest,
+    acquire_request::RequestFingerprint, complete_request::Outcome,
 };
 use crate::service::{CurrentLeaseToken, WantLeaseToken};
 use crate::transport::{HttpBody, OpenCall};
@@ -227,18 +227,10 @@ async fn try_acquire(
         ..AcquireRequest::default()
     };
     let return_token = fields.flag("return_lease_token")?;
-    let answer = door
-        .call_coordinator(
-            "/idempotency.v1.Coordinator/Acquire",
-            &acquire.encode_to_vec(),
-            &parts.headers,
-            Asks::caller(&caller),
-            None,
-            call,
-        )
-        .await?;
-    let acquired = AcquireResponse::decode(answer)
-        .map_err(|_| DoorError::Coordinator(tonic::Status::internal("unreadable answer")))?;
+    let acquired = door
+        .unary(acquire, &parts.headers, Asks::caller(&caller), None, call)
+        .await?
+        .into_inner();
     Ok(json_response(
         StatusCode::OK,
         &acquire_answer(&acquired, return_token),
@@ -392,18 +384,10 @@ async fn try_complete(
         lease_token: token,
         outcome: Some(outcome),
     };
-    let answer = door
-        .call_coordinator(
-            "/idempotency.v1.Coordinator/Complete",
-            &complete.encode_to_vec(),
-            &parts.headers,
-            Asks::caller(&caller),
-            None,
-            call,
-        )
-        .await?;
-    let completed = CompleteResponse::decode(answer)
-        .map_err(|_| DoorError::Coordinator(tonic::Status::internal("unreadable answer")))?;
+    let completed = door
+        .unary(complete, &parts.headers, Asks::caller(&caller), None, call)
+        .await?
+        .into_inner();
     let record = completed.record.unwrap_or_default();
     // The coordinator's own status says what the seed's vocabulary cannot:
     // a FAILED on the last attempt is FAILED_PERMANENT, and is not retried.
@@ -432,26 +416,26 @@ async fn latest(
     get: GetRequest,
     call: OpenCall,
 ) -> Result<(proto::Record, String), DoorError> {
-    let (answer, extensions) = door
-        .call_coordinator_answering(
-            "/idempotency.v1.Coordinator/Get",
-            &get.encode_to_vec(),
+    let answer = door
+        .unary(
+            get,
             headers,
             Asks::caller(caller).with(WantLeaseToken),
             None,
             call,
         )
         .await?;
-    let record = GetResponse::decode(answer)
-        .map_err(|_| DoorError::Coordinator(tonic::Status::internal("unreadable answer")))?
-        .record
-        .unwrap_or_default();
-    let token = extensions
+    let token = answer
+        .extensions()
         .get::<CurrentLeaseToken>()
         .map(|token| token.0.clone())
         .unwrap_or_default();
+    let record = answer.into_inner().record.unwrap_or_default();
     Ok((record, token))
 }
+
+/// The health service's Check, which `/health` asks.
+const HEALTH_CHECK_PATH: &str = "/grpc.health.v1.Health/Check";
 
 pub(super) async fn health(
     door: &Door,
@@ -462,19 +446,19 @@ pub(super) async fn health(
         service: "idempotency.v1.Coordinator".to_owned(),
     };
     let serving = door
-        .call_coordinator(
-            "/grpc.health.v1.Health/Check",
-            &check.encode_to_vec(),
+        .call_typed(
+            HEALTH_CHECK_PATH,
+            check,
             request.headers(),
             Asks::default(),
             Some(Duration::from_secs(5)),
             call,
+            |request| door.health.check(request),
         )
         .await
-        .ok()
-        .and_then(|answer| tonic_health::pb::HealthCheckResponse::decode(answer).ok())
-        .is_some_and(|answer| {
-            answer.status() == tonic_health::pb::health_check_response::ServingStatus::Serving
+        .is_ok_and(|answer| {
+            answer.get_ref().status()
+                == tonic_health::pb::health_check_response::ServingStatus::Serving
         });
     if serving {
         json_response(StatusCode::OK, &json!({"status": "ok", "db": "connected"}))
