@@ -119,6 +119,20 @@ pub(super) async fn serve(
     }
 }
 
+/// The caller and the codec, from the request's headers, unless they
+/// refuse it.
+fn admit(
+    door: &Door,
+    parts: &http::request::Parts,
+) -> Result<(crate::auth::Caller, Codec), DoorError> {
+    if parts.method != Method::POST {
+        return Err(DoorError::MethodNotAllowed);
+    }
+    let caller = door.caller(&parts.headers)?;
+    let codec = codec(&parts.headers).ok_or(DoorError::MediaType(JSON_OR_PROTO))?;
+    Ok((caller, codec))
+}
+
 async fn answer(
     door: &Door,
     rpc: &str,
@@ -128,12 +142,17 @@ async fn answer(
     let Some(&(method, input, output)) = UNARY.iter().find(|(name, ..)| *name == rpc) else {
         return Err(DoorError::NoRoute);
     };
-    if request.method() != Method::POST {
-        return Err(DoorError::MethodNotAllowed);
-    }
-    let caller = door.caller(request.headers())?;
-    let codec = codec(request.headers()).ok_or(DoorError::MediaType(JSON_OR_PROTO))?;
     let (parts, body) = request.into_parts();
+    let (caller, codec) = match admit(door, &parts) {
+        Ok(admitted) => admitted,
+        Err(e) => {
+            // Refused from its headers alone: a little of the body is read
+            // and dropped first, so that an HTTP/1.1 client still sending
+            // it reads the refusal rather than a closed connection.
+            super::discard::discard(body).await;
+            return Err(e);
+        }
+    };
     let media = match codec {
         Codec::Json => Media::Json,
         Codec::Proto => Media::Proto,

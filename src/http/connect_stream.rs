@@ -21,7 +21,6 @@
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
-use std::time::Duration;
 
 use bytes::{Buf as _, BufMut as _, Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, header};
@@ -33,6 +32,7 @@ use serde_json::{Map, Value, json};
 use tonic::Status;
 
 use super::connect::{SERVICE_PREFIX, connect_timeout, error_json};
+use super::discard::discard;
 use super::json::Schema;
 use super::{Asks, Door, DoorError, HeldBody, MAX_JSON_VALUES, Media, failed, parse_json};
 use crate::auth::Caller;
@@ -128,27 +128,6 @@ pub(super) async fn serve(
             streaming_response(codec, body)
         }
     }
-}
-
-/// The most of a refused request's body read (and dropped) before the
-/// answer, and for how long: a server-streaming request is one small
-/// message.
-const DISCARDED_BYTES: usize = 64 * 1024;
-const DISCARD_TIME: Duration = Duration::from_secs(1);
-
-/// Reads and drops up to [`DISCARDED_BYTES`] of `body` within
-/// [`DISCARD_TIME`]; nothing is kept nor charged to the budget.
-async fn discard(mut body: Incoming) {
-    let read = async {
-        let mut seen = 0;
-        while let Some(Ok(frame)) = body.frame().await {
-            seen += frame.data_ref().map_or(0, Bytes::len);
-            if seen > DISCARDED_BYTES {
-                break;
-            }
-        }
-    };
-    let _ = tokio::time::timeout(DISCARD_TIME, read).await;
 }
 
 /// The caller, from the request's headers, if they do not refuse it: valid

@@ -39,6 +39,7 @@
 pub mod connect;
 mod connect_stream;
 mod console;
+mod discard;
 pub mod events;
 mod hosts;
 mod inprocess;

@@ -184,11 +184,7 @@ fn parked(
 }
 
 /// An Acquire's decision as its answer, counted and traced.
-fn answered(
-    metrics: &Metrics,
-    cmd: &AcquireCommand,
-    acquired: Acquired,
-) -> proto::AcquireResponse {
+fn answered(metrics: &Metrics, cmd: &AcquireCommand, acquired: Acquired) -> proto::AcquireResponse {
     metrics.acquired(
         acquired.decision,
         cmd.id.scope.as_str(),
@@ -230,7 +226,11 @@ impl Coordinator for CoordinatorService {
                     .acquire(&cmd, Duration::ZERO, time)
                     .await
                     .map_err(|e| Error::from_store(e, self.store.metrics()))?;
-                Ok(Response::new(answered(self.store.metrics(), &cmd, acquired)))
+                Ok(Response::new(answered(
+                    self.store.metrics(),
+                    &cmd,
+                    acquired,
+                )))
             }
         }
     }

@@ -481,6 +481,11 @@ async fn run_group<C: Call>(
     let limit = settings.query_timeout;
     let answer_by = batch.iter().filter_map(|p| p.answer_by).min();
     let stamp = stamp_by(settings, answer_by);
+    // Only a statement sent to a Citus node is cut short of its callers'
+    // deadline (a node cut off answers UNAVAILABLE); on one PostgreSQL a
+    // statement past it is admission's DEADLINE_EXCEEDED, as the caller
+    // asked.
+    let answer_by = answer_by.filter(|_| routed);
     if batch.len() <= 1 {
         if let Some(alone) = batch.pop() {
             let one = alone.call.one(shared, stamp);
@@ -524,7 +529,8 @@ async fn run_group<C: Call>(
                 .map(|pending| async move {
                     let stamp = stamp_by(settings, pending.answer_by);
                     let call = pending.call.one(shared, stamp);
-                    let answer = in_time_for(mux, shared, limit, pending.answer_by, call).await;
+                    let cut_by = pending.answer_by.filter(|_| routed);
+                    let answer = in_time_for(mux, shared, limit, cut_by, call).await;
                     pending.answer(1, answer);
                 });
             futures_util::future::join_all(alone).await;

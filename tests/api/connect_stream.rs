@@ -459,3 +459,40 @@ async fn buf_curl_follows_a_watch_until_the_record_completes() {
     );
     assert!(text.contains("STATUS_SUCCEEDED"), "{text}");
 }
+
+/// A unary Connect call refused from its headers alone (no credentials)
+/// from an HTTP/1.1 client that sends its body after its headers, as
+/// Connect clients do: the body is still taken, and the client reads the
+/// refusal rather than a closed connection (EPIPE, "socket hang up").
+#[tokio::test]
+async fn a_unary_call_refused_from_its_headers_takes_a_body_sent_after_them() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let server = guarded().await;
+    let half = vec![b' '; 8 * 1024];
+    let mut stream = tokio::net::TcpStream::connect(server.http).await.unwrap();
+    let head = format!(
+        "POST /idempotency.v1.Coordinator/Get HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        2 * half.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    for _ in 0..2 {
+        // Within the second the server gives a refused body.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        stream
+            .write_all(&half)
+            .await
+            .expect("the body is still taken after a refusal from the headers");
+    }
+    let mut answer = vec![0; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut answer))
+        .await
+        .expect("answered within 10 s")
+        .expect("the refusal arrives, not a reset");
+    let text = String::from_utf8_lossy(&answer[..n]);
+    assert!(
+        text.starts_with("HTTP/1.1 401") && text.contains("unauthenticated"),
+        "{text}"
+    );
+}

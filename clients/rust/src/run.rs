@@ -236,7 +236,14 @@ fn acquire_request(
 /// What a run's Acquire leaves it with.
 pub(crate) enum Acquired<T, E> {
     /// PROCEED: the lease to work under, and the record as it stood.
-    Granted { lease: Lease, record: Record },
+    Granted {
+        lease: Lease,
+        #[cfg_attr(
+            not(feature = "tokio-postgres"),
+            expect(dead_code, reason = "only the in-transaction run reads it")
+        )]
+        record: Record,
+    },
     /// Any other decision, or a failed call: what the run answers (a
     /// replay's stored value, or an error).
     Answered(Result<Done<T>, RunOnceError<E, T>>),

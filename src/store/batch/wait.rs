@@ -24,7 +24,9 @@ const ANSWER_MARGIN: Duration = Duration::from_millis(50);
 /// because the wait and admission's timer ran out together; the statement,
 /// stamped to roll back by then (`stamp_by`), cannot commit unheard. A
 /// connection is not retired for a caller's short deadline: its statement
-/// may just be waiting for a lock.
+/// may just be waiting for a lock. Callers pass `answer_by` only for a
+/// statement sent straight to a Citus node; on one PostgreSQL a deadline
+/// that passes is admission's DEADLINE_EXCEEDED.
 pub(in crate::store) async fn in_time_for<T>(
     mux: &Mux,
     shared: &Arc<Shared>,
