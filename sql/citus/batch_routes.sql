@@ -29,17 +29,18 @@
 --
 -- The decisions are idempotency_call_batch's on one PostgreSQL
 -- (sql/functions/batches.sql) for keys that cannot be created together: a
--- new key is created by the loop's INSERT, a live record with a final
--- answer is answered from the loop's read, a holder's success is recorded
--- by the loop's UPDATE (its conditions and clock are the batch's), every
--- other Acquire runs idempotency_acquire and every other Complete
--- idempotency_complete. A new key's token and fencing token are drawn into
--- variables before its INSERT (on the distributed table Citus caches no
--- plan of a statement with a volatile call inside). The distributed
--- table's success UPDATE sets expires_at to the clock plus the row's
--- retention as to_timestamp(v_epoch + extract(epoch FROM k.retention)),
--- v_epoch the clock in seconds: `v_now + k.retention` is a STABLE operator
--- over a column, which Citus refuses in an UPDATE of a distributed table.
+-- new key is created by idempotency_create_at's INSERT, a live record with
+-- a final answer is answered from the loop's read, a holder's success is
+-- recorded by idempotency_succeed_at's UPDATE (its conditions and clock
+-- are the batch's), every other Acquire runs idempotency_acquire and every
+-- other Complete idempotency_complete (idempotency_call_alone). A new
+-- key's token and fencing token are drawn into variables before its INSERT
+-- (on the distributed table Citus caches no plan of a statement with a
+-- volatile call inside). The distributed table's success UPDATE sets
+-- expires_at to the clock plus the row's retention as
+-- to_timestamp(v_epoch + extract(epoch FROM k.retention)), v_epoch the
+-- clock in seconds: `v_now + k.retention` is a STABLE operator over a
+-- column, which Citus refuses in an UPDATE of a distributed table.
 -- The same instant: retention is whole milliseconds (the server sends
 -- milliseconds), and to_timestamp rounds to the microsecond. The shard's
 -- UPDATE is PostgreSQL's and says `v_now + k.retention`.
@@ -155,6 +156,124 @@ BEGIN
 END;
 $$;
 
+-- A new key's record, in the table of p_shard where this node holds the
+-- key's shard (the shard's prepared statement), else in the distributed
+-- table, as of p_now (the clock read after the batch found no row): the
+-- record, or NULL when another transaction created it meanwhile and
+-- idempotency_acquire must decide. The token and fencing token are drawn
+-- into variables before the INSERT (above). Like every step below, it runs
+-- within idempotency_call_batch_at, whose plan_cache_mode holds here too.
+CREATE OR REPLACE FUNCTION idempotency_create_at(
+    p_shard        bigint,
+    p_tenant       text,
+    p_scope        text,
+    p_key          text,
+    p_fingerprint  text,
+    p_request_id   text,
+    p_lease_ms     bigint,
+    p_max_attempts integer,
+    p_retention_ms bigint,
+    p_now          timestamptz
+)
+RETURNS idempotency_keys
+LANGUAGE plpgsql AS $$
+DECLARE
+    r           idempotency_keys;
+    v_retention interval := p_retention_ms * interval '1 millisecond';
+    v_lease     interval := p_lease_ms * interval '1 millisecond';
+    v_token     uuid := gen_random_uuid();
+    v_fencing   bigint := nextval('idempotency_fencing');
+BEGIN
+    IF p_shard IS NOT NULL THEN
+        EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L, %L, %L, %L, %L, %L, %L)',
+                       'idempotency_ins_' || p_shard, p_tenant, p_scope, p_key,
+                       p_fingerprint, p_max_attempts, v_retention, v_token,
+                       p_request_id, p_now + v_lease, v_fencing, p_now,
+                       p_now + greatest(v_retention, v_lease)) INTO r;
+        RETURN r;
+    END IF;
+    INSERT INTO idempotency_keys (
+        tenant, scope, idempotency_key, status, fingerprint,
+        attempt_count, max_attempts, retention,
+        lease_token, lease_request_id, lease_expires_at, fencing_token,
+        created_at, updated_at, expires_at)
+    VALUES (
+        p_tenant, p_scope, p_key, 'PROCESSING', p_fingerprint,
+        1, p_max_attempts, v_retention,
+        v_token, p_request_id, p_now + v_lease, v_fencing,
+        p_now, p_now, p_now + greatest(v_retention, v_lease))
+    ON CONFLICT (tenant, scope, idempotency_key) DO NOTHING
+    RETURNING * INTO r;
+    RETURN r;
+END;
+$$;
+
+-- A holder's success, in the table of p_shard where this node holds the
+-- key's shard, else in the distributed table (expires_at there from the
+-- clock in seconds since the epoch, v_epoch: above): the record as
+-- updated, or NULL when the conditions do not hold and
+-- idempotency_complete must decide.
+CREATE OR REPLACE FUNCTION idempotency_succeed_at(
+    p_shard           bigint,
+    p_tenant          text,
+    p_scope           text,
+    p_key             text,
+    p_token           uuid,
+    p_result          bytea,
+    p_content_type    text,
+    p_status_code     integer,
+    p_result_ref      text,
+    p_clock_offset_ms bigint
+)
+RETURNS idempotency_keys
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now   timestamptz := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
+    v_epoch numeric;
+    r       idempotency_keys;
+BEGIN
+    IF p_shard IS NOT NULL THEN
+        EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L, %L, %L, %L)',
+                       'idempotency_upd_' || p_shard, p_tenant, p_scope, p_key,
+                       p_token, p_result, p_content_type, p_status_code,
+                       p_result_ref, v_now) INTO r;
+    ELSE
+        v_epoch := extract(epoch FROM v_now);
+        UPDATE idempotency_keys k SET
+            status = 'SUCCEEDED', lease_outcome = 'SUCCESS',
+            lease_expires_at = NULL, next_retry_at = NULL,
+            result = p_result, result_content_type = p_content_type,
+            result_status_code = p_status_code, result_ref = p_result_ref,
+            completed_at = v_now, updated_at = v_now,
+            expires_at = to_timestamp(v_epoch + extract(epoch FROM k.retention))
+         WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
+           AND k.lease_token = p_token AND k.lease_outcome IS NULL
+           AND k.expires_at > v_now AND k.updated_at <= v_now
+        RETURNING * INTO r;
+    END IF;
+    IF r.watch_until > v_now THEN
+        PERFORM idempotency_notify_if_watched(r, v_now);
+    END IF;
+    RETURN r;
+END;
+$$;
+
+-- The batch, routed: the calls in order, as idempotency_call_batch decides
+-- them (sql/functions/batches.sql) with keys not together. The steps it
+-- names: idempotency_local_shards and idempotency_shard_statements (once a
+-- batch: where each key's shard is, and that shard's statements),
+-- idempotency_create_at and idempotency_succeed_at (a new key, a holder's
+-- success), and idempotency_call_alone (every other call: its single-call
+-- function). The loop itself reads each Acquire's row and answers what
+-- needs no lock. Call i's key's shard where this node holds it (else NULL:
+-- the distributed table) and its key are copied out of the arrays into
+-- plain variables: each is then a parameter of the cached plan.
+--
+-- SET plan_cache_mode: every statement's plan generic from its first run,
+-- in this function and in the steps it calls. Each is on one row by
+-- primary key, where the custom plans PostgreSQL would otherwise make for
+-- a prepared statement's first five runs in a session (per shard, per
+-- session: most runs, for a while) cost planning and gain nothing.
 CREATE OR REPLACE FUNCTION idempotency_call_batch_at(
     p_route           text,
     p_acquire         boolean[],
@@ -184,47 +303,30 @@ CREATE OR REPLACE FUNCTION idempotency_call_batch_at(
 RETURNS TABLE (ord integer, decision text, retry_after_ms bigint, outcome text,
                rec idempotency_keys)
 LANGUAGE plpgsql
--- Every statement's plan generic from its first run: each is on one row
--- by primary key, where the custom plans PostgreSQL would otherwise make
--- for a prepared statement's first five runs in a session (per shard, per
--- session: most runs, for a while) cost planning and gain nothing.
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    r           idempotency_keys;
-    v_now       timestamptz;
-    -- Call i's key's shard where this node holds it (else NULL: the
-    -- distributed table), its key and a new record's values, copied out of
-    -- the arrays into plain variables: each is then a parameter of the
-    -- cached plan.
-    v_shards    bigint[];
-    v_shard     bigint;
-    v_tenant    text;
-    v_scope     text;
-    v_key       text;
-    v_retention interval;
-    v_lease     interval;
-    v_token     uuid;
-    v_fencing   bigint;
-    -- A success's values, and the clock as seconds since the epoch.
-    v_result       bytea;
-    v_content_type text;
-    v_status_code  integer;
-    v_result_ref   text;
-    v_epoch        numeric;
+    r        idempotency_keys;
+    v_now    timestamptz;
+    v_shards bigint[];
+    v_shard  bigint;
+    v_tenant text;
+    v_scope  text;
+    v_key    text;
 BEGIN
     v_shards := idempotency_local_shards(p_key);
     PERFORM idempotency_shard_statements(v_shards);
     FOR i IN 1 .. coalesce(array_length(p_key, 1), 0) LOOP
-        ord := i;
-        decision := NULL;
-        retry_after_ms := NULL;
-        outcome := NULL;
-        v_shard := v_shards[i];
-        v_tenant := p_tenant[i];
-        v_scope := p_scope[i];
-        v_key := p_key[i];
-        IF p_acquire[i] THEN
+        ord := i; decision := NULL; retry_after_ms := NULL; outcome := NULL;
+        v_shard := v_shards[i]; v_tenant := p_tenant[i]; v_scope := p_scope[i]; v_key := p_key[i];
+        IF NOT p_acquire[i] THEN
+            IF p_outcome[i] = 'SUCCESS' THEN
+                rec := idempotency_succeed_at(v_shard, v_tenant, v_scope, v_key, p_token[i],
+                                              p_result[i], p_content_type[i], p_status_code[i],
+                                              p_result_ref[i], p_clock_offset_ms);
+                outcome := CASE WHEN rec.idempotency_key IS NOT NULL THEN 'OK' END;
+            END IF;
+        ELSE
             IF v_shard IS NULL THEN
                 SELECT * INTO r FROM idempotency_keys k
                  WHERE k.tenant = v_tenant AND k.scope = v_scope AND k.idempotency_key = v_key;
@@ -234,94 +336,25 @@ BEGIN
             END IF;
             v_now := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
             IF r.idempotency_key IS NULL THEN
-                v_retention := p_retention_ms[i] * interval '1 millisecond';
-                v_lease := p_lease_ms[i] * interval '1 millisecond';
-                v_token := gen_random_uuid();
-                v_fencing := nextval('idempotency_fencing');
-                IF v_shard IS NULL THEN
-                    INSERT INTO idempotency_keys (
-                        tenant, scope, idempotency_key, status, fingerprint,
-                        attempt_count, max_attempts, retention,
-                        lease_token, lease_request_id, lease_expires_at, fencing_token,
-                        created_at, updated_at, expires_at)
-                    VALUES (
-                        v_tenant, v_scope, v_key, 'PROCESSING', p_fingerprint[i],
-                        1, p_max_attempts[i], v_retention,
-                        v_token, p_request_id[i], v_now + v_lease, v_fencing,
-                        v_now, v_now, v_now + greatest(v_retention, v_lease))
-                    ON CONFLICT (tenant, scope, idempotency_key) DO NOTHING
-                    RETURNING * INTO rec;
-                ELSE
-                    EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L, %L, %L, %L, %L, %L, %L)',
-                                   'idempotency_ins_' || v_shard, v_tenant, v_scope, v_key,
-                                   p_fingerprint[i], p_max_attempts[i], v_retention, v_token,
-                                   p_request_id[i], v_now + v_lease, v_fencing, v_now,
-                                   v_now + greatest(v_retention, v_lease)) INTO rec;
-                END IF;
-                IF rec.idempotency_key IS NOT NULL THEN
-                    decision := 'PROCEED';
-                    RETURN NEXT;
-                    CONTINUE;
-                END IF;
-                -- Another transaction created the row since the read.
+                rec := idempotency_create_at(v_shard, v_tenant, v_scope, v_key, p_fingerprint[i],
+                                             p_request_id[i], p_lease_ms[i], p_max_attempts[i],
+                                             p_retention_ms[i], v_now);
+                decision := CASE WHEN rec.idempotency_key IS NOT NULL THEN 'PROCEED' END;
             ELSIF r.expires_at > v_now THEN
                 decision := idempotency_final_decision(r, p_fingerprint[i]);
-                IF decision IS NOT NULL THEN
-                    rec := r;
-                    RETURN NEXT;
-                    CONTINUE;
-                END IF;
+                rec := r;
             END IF;
-            RETURN QUERY
-                SELECT i, a.decision, a.retry_after_ms, NULL::text, a.rec
-                  FROM idempotency_acquire(p_tenant[i], p_scope[i], p_key[i], p_fingerprint[i],
-                                           p_request_id[i], p_lease_ms[i], p_max_attempts[i],
-                                           p_retention_ms[i], p_watch_ms[i], p_clock_offset_ms) a;
-        ELSE
-            IF p_outcome[i] = 'SUCCESS' THEN
-                v_token := p_token[i];
-                v_result := p_result[i];
-                v_content_type := p_content_type[i];
-                v_status_code := p_status_code[i];
-                v_result_ref := p_result_ref[i];
-                v_now := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
-                IF v_shard IS NULL THEN
-                    v_epoch := extract(epoch FROM v_now);
-                    UPDATE idempotency_keys k SET
-                        status = 'SUCCEEDED', lease_outcome = 'SUCCESS',
-                        lease_expires_at = NULL, next_retry_at = NULL,
-                        result = v_result, result_content_type = v_content_type,
-                        result_status_code = v_status_code, result_ref = v_result_ref,
-                        completed_at = v_now, updated_at = v_now,
-                        expires_at = to_timestamp(v_epoch + extract(epoch FROM k.retention))
-                     WHERE k.tenant = v_tenant AND k.scope = v_scope AND k.idempotency_key = v_key
-                       AND k.lease_token = v_token AND k.lease_outcome IS NULL
-                       AND k.expires_at > v_now AND k.updated_at <= v_now
-                    RETURNING * INTO rec;
-                ELSE
-                    EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L, %L, %L, %L)',
-                                   'idempotency_upd_' || v_shard, v_tenant, v_scope, v_key,
-                                   v_token, v_result, v_content_type, v_status_code,
-                                   v_result_ref, v_now) INTO rec;
-                END IF;
-                IF rec.idempotency_key IS NOT NULL THEN
-                    IF rec.watch_until > v_now THEN
-                        PERFORM idempotency_notify_if_watched(rec, v_now);
-                    END IF;
-                    outcome := 'OK';
-                    RETURN NEXT;
-                    CONTINUE;
-                END IF;
-            END IF;
-            RETURN QUERY
-                SELECT i, NULL::text, NULL::bigint, c.outcome, c.rec
-                  FROM idempotency_complete(p_tenant[i], p_scope[i], p_key[i], p_token[i],
-                                            p_outcome[i], p_result[i], p_content_type[i],
-                                            p_status_code[i], p_result_ref[i], p_error[i],
-                                            p_permanent[i], p_retry_after_ms[i],
-                                            p_backoff_base_ms[i], p_backoff_cap_ms[i],
-                                            p_clock_offset_ms) c;
         END IF;
+        -- Answered here, or else by the call's single-call function.
+        IF decision IS NOT NULL OR outcome IS NOT NULL THEN
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        RETURN QUERY SELECT * FROM idempotency_call_alone(
+            i, '{}', p_acquire, p_tenant, p_scope, p_key, p_fingerprint, p_request_id, p_lease_ms,
+            p_max_attempts, p_retention_ms, p_watch_ms, p_token, p_outcome, p_result,
+            p_content_type, p_status_code, p_result_ref, p_error, p_permanent,
+            p_retry_after_ms, p_backoff_base_ms, p_backoff_cap_ms, p_clock_offset_ms);
     END LOOP;
     PERFORM idempotency_in_time(p_deadline, p_clock_offset_ms);
 END;
