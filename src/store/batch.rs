@@ -481,10 +481,7 @@ async fn run_group<C: Call>(
     let limit = settings.query_timeout;
     let answer_by = batch.iter().filter_map(|p| p.answer_by).min();
     let stamp = stamp_by(settings, answer_by);
-    // Only a statement sent to a Citus node is cut short of its callers'
-    // deadline (a node cut off answers UNAVAILABLE); on one PostgreSQL a
-    // statement past it is admission's DEADLINE_EXCEEDED, as the caller
-    // asked.
+    // Cut short of the callers' deadline on a Citus node only (wait.rs).
     let answer_by = answer_by.filter(|_| routed);
     if batch.len() <= 1 {
         if let Some(alone) = batch.pop() {
@@ -515,11 +512,8 @@ async fn run_group<C: Call>(
                     "a key of a batch was created meanwhile; running its calls one by one"
                 );
             } else {
-                tracing::warn!(
-                    calls = batch.len(),
-                    error = ?e,
-                    "a batch failed; running its calls one by one"
-                );
+                let calls = batch.len();
+                tracing::warn!(calls, error = ?e, "a batch failed; running its calls one by one");
             }
             // Pipelined together: a call that fails every time costs its
             // batch-mates one more round trip, not one each.
@@ -529,8 +523,8 @@ async fn run_group<C: Call>(
                 .map(|pending| async move {
                     let stamp = stamp_by(settings, pending.answer_by);
                     let call = pending.call.one(shared, stamp);
-                    let cut_by = pending.answer_by.filter(|_| routed);
-                    let answer = in_time_for(mux, shared, limit, cut_by, call).await;
+                    let by = pending.answer_by.filter(|_| routed);
+                    let answer = in_time_for(mux, shared, limit, by, call).await;
                     pending.answer(1, answer);
                 });
             futures_util::future::join_all(alone).await;
