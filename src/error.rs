@@ -15,7 +15,7 @@ use tonic_types::{ErrorDetails, StatusExt};
 use crate::auth::AuthError;
 use crate::domain::{Refusal, TooManyWaiters};
 use crate::metrics::Metrics;
-use crate::store::StoreError;
+use crate::store::{PastDeadline, StoreError};
 
 /// The `ErrorInfo.domain` of every error this service returns.
 pub const ERROR_DOMAIN: &str = "idempotency.v1";
@@ -95,6 +95,15 @@ impl Error {
         }
         match error {
             StoreError::Refused(refusal) => Error::Refused(refusal),
+            // One PostgreSQL still working on the call when its caller's
+            // deadline came (a lock wait, say): the caller's deadline.
+            StoreError::Unavailable(source)
+                if source
+                    .downcast_ref::<PastDeadline>()
+                    .is_some_and(|past| !past.on_node()) =>
+            {
+                Error::DeadlineExceeded
+            }
             StoreError::Unavailable(source) => Error::Unavailable(source),
             e @ (StoreError::Query(_) | StoreError::Corrupt(_) | StoreError::Config(_)) => {
                 Error::Internal(Box::new(e))

@@ -70,6 +70,7 @@ mod wait;
 use company::Company;
 pub(super) use company::replicas;
 use take::{Flight, take};
+pub(crate) use wait::PastDeadline;
 pub(super) use wait::in_time_for;
 
 /// One call's arguments, owned so it can wait in the queue.
@@ -481,12 +482,10 @@ async fn run_group<C: Call>(
     let limit = settings.query_timeout;
     let answer_by = batch.iter().filter_map(|p| p.answer_by).min();
     let stamp = stamp_by(settings, answer_by);
-    // Cut short of the callers' deadline on a Citus node only (wait.rs).
-    let answer_by = answer_by.filter(|_| routed);
     if batch.len() <= 1 {
         if let Some(alone) = batch.pop() {
             let one = alone.call.one(shared, stamp);
-            let answer = in_time_for(mux, shared, limit, answer_by, one).await;
+            let answer = in_time_for(mux, shared, limit, (answer_by, routed), one).await;
             alone.answer(1, answer);
         }
         return;
@@ -495,7 +494,7 @@ async fn run_group<C: Call>(
     let calls: Vec<&C> = batch.iter().map(|p| &p.call).collect();
     let route = calls.first().filter(|_| routed).map(|c| c.row_key().2);
     let many = C::many(&calls, route, shared, stamp);
-    let rows = in_time_for(mux, shared, limit, answer_by, many).await;
+    let rows = in_time_for(mux, shared, limit, (answer_by, routed), many).await;
     drop(calls);
     let rows = match rows {
         Ok(rows) => rows,
@@ -523,7 +522,7 @@ async fn run_group<C: Call>(
                 .map(|pending| async move {
                     let stamp = stamp_by(settings, pending.answer_by);
                     let call = pending.call.one(shared, stamp);
-                    let by = pending.answer_by.filter(|_| routed);
+                    let by = (pending.answer_by, routed);
                     let answer = in_time_for(mux, shared, limit, by, call).await;
                     pending.answer(1, answer);
                 });

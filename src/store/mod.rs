@@ -76,6 +76,7 @@ use crate::domain::{
 };
 use crate::metrics::Metrics;
 
+pub(crate) use batch::PastDeadline;
 pub use clock::Clock;
 pub use connect_error::{ConnectError, ConnectTarget, UrlError};
 pub use error::{QueryTimeout, StoreError};

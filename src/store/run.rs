@@ -135,10 +135,8 @@ impl Store {
             let mux = node.as_deref().unwrap_or(coordinator);
             let shared = mux.get(self.connect_wait_of(&time)).await?;
             let query = shared.query_opt(sql, params);
-            // Cut short of the caller's deadline only on a Citus node.
-            let cut_by = time.answer_by.filter(|_| node.is_some());
-            return super::batch::in_time_for(mux, &shared, self.query_timeout, cut_by, query)
-                .await;
+            let by = (time.answer_by, node.is_some());
+            return super::batch::in_time_for(mux, &shared, self.query_timeout, by, query).await;
         }
         self.query_one_pooled(sql, params, time).await
     }

@@ -18,20 +18,18 @@ const ANSWER_MARGIN: Duration = Duration::from_millis(50);
 /// as `Mux::in_time` does (a connection that does not answer in that time
 /// is retired), and at most until shortly before `answer_by`
 /// ([`ANSWER_MARGIN`]), when the first of its callers stops waiting (the
-/// moment admission answers DEADLINE_EXCEEDED). A node that stops
-/// answering (its packets dropped) is thus answered UNAVAILABLE within the
-/// caller's deadline, rather than the caller hearing DEADLINE_EXCEEDED
-/// because the wait and admission's timer ran out together; the statement,
-/// stamped to roll back by then (`stamp_by`), cannot commit unheard. A
-/// connection is not retired for a caller's short deadline: its statement
-/// may just be waiting for a lock. Callers pass `answer_by` only for a
-/// statement sent straight to a Citus node; on one PostgreSQL a deadline
-/// that passes is admission's DEADLINE_EXCEEDED.
+/// moment admission answers DEADLINE_EXCEEDED). The statement, stamped to
+/// roll back by then (`stamp_by`), cannot commit unheard. Past that moment
+/// the call fails with [`PastDeadline`]: on a Citus node (`on_node`) the
+/// caller hears UNAVAILABLE (a node cut off the network, its packets
+/// dropped, is a node to try again later), on one PostgreSQL
+/// DEADLINE_EXCEEDED (its statement may just be waiting for a lock). A
+/// connection is not retired for a caller's short deadline.
 pub(in crate::store) async fn in_time_for<T>(
     mux: &Mux,
     shared: &Arc<Shared>,
     query_timeout: Duration,
-    answer_by: Option<Instant>,
+    (answer_by, on_node): (Option<Instant>, bool),
     work: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
     let left = answer_by.map(|at| {
@@ -42,13 +40,26 @@ pub(in crate::store) async fn in_time_for<T>(
         None => mux.in_time(shared, query_timeout, work).await,
         Some(left) => match tokio::time::timeout(left, work).await {
             Ok(done) => done,
-            Err(_) => Err(StoreError::Unavailable(Box::new(PastDeadline(left)))),
+            Err(_) => Err(StoreError::Unavailable(Box::new(PastDeadline {
+                left,
+                on_node,
+            }))),
         },
     }
 }
 
 /// Why a call whose statement had not answered by its caller's deadline
-/// was answered UNAVAILABLE.
+/// failed, and whether it was sent straight to a Citus node.
 #[derive(Debug, thiserror::Error)]
-#[error("the database did not answer within the caller's deadline ({0:?})")]
-struct PastDeadline(Duration);
+#[error("the database did not answer within the caller's deadline ({left:?})")]
+pub(crate) struct PastDeadline {
+    left: Duration,
+    on_node: bool,
+}
+
+impl PastDeadline {
+    /// Whether the call went straight to a Citus node.
+    pub(crate) fn on_node(&self) -> bool {
+        self.on_node
+    }
+}
