@@ -18,7 +18,9 @@ WORKDIR /src
 # The workspace's other members, the Rust client, the benchmark, the
 # sidecar and the tests' shared harnesses, are not built here, but cargo
 # reads their manifests: each gets a stand-in library (and the sidecar a
-# stand-in binary).
+# stand-in binary). Only the two packages the image runs are selected
+# (-p): the benchmark and the harnesses ask for the coordinator's default
+# features, the PostgreSQL downloader among them.
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY clients/rust/Cargo.toml clients/rust/Cargo.toml
 COPY bench/Cargo.toml bench/Cargo.toml
@@ -29,7 +31,8 @@ RUN mkdir -p src clients/rust/src bench/src sidecar/src test-support/src \
  && echo 'fn main() {}' > src/main.rs \
  && echo 'fn main() {}' > sidecar/src/main.rs \
  && touch src/lib.rs clients/rust/src/lib.rs bench/src/lib.rs sidecar/src/lib.rs test-support/src/lib.rs \
- && cargo build --release --locked --no-default-features --bin idempotency-coordinator \
+ && cargo build --release --locked -p idempotency-coordinator --no-default-features \
+    --bin idempotency-coordinator \
  && rm -rf src sidecar/src clients/rust/src
 
 COPY sql sql
@@ -41,7 +44,8 @@ COPY sidecar sidecar
 # The stand-ins' outputs are older than the real sources only by mtime
 # order of the copy; touch so cargo rebuilds the crates themselves.
 RUN touch src/main.rs src/lib.rs clients/rust/src/lib.rs sidecar/src/main.rs sidecar/src/lib.rs \
- && cargo build --release --locked --no-default-features --bin idempotency-coordinator --bin idempotency-sidecar \
+ && cargo build --release --locked -p idempotency-coordinator -p idempotency-sidecar --no-default-features \
+    --bin idempotency-coordinator --bin idempotency-sidecar \
  && cp target/release/idempotency-coordinator /idempotency-coordinator \
  && cp target/release/idempotency-sidecar /idempotency-sidecar
 
