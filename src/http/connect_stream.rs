@@ -22,7 +22,7 @@ use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::{Buf as _, BufMut as _, Bytes, BytesMut};
+use bytes::{BufMut as _, Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, header};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt as _;
@@ -33,6 +33,7 @@ use tonic::Status;
 
 use super::connect::{SERVICE_PREFIX, connect_timeout, error_json};
 use super::discard::discard;
+use super::events::{message_json, next_message};
 use super::json::Schema;
 use super::{Asks, Door, DoorError, HeldBody, MAX_JSON_VALUES, Media, failed, parse_json};
 use crate::auth::Caller;
@@ -284,31 +285,11 @@ impl Envelopes {
     /// The envelopes of the whole messages received so far.
     fn whole_messages(&mut self) -> Result<Bytes, Status> {
         let mut out = BytesMut::new();
-        while self.pending.len() >= 5 {
-            let len = u32::from_be_bytes([
-                self.pending[1],
-                self.pending[2],
-                self.pending[3],
-                self.pending[4],
-            ]) as usize;
-            if self.pending.len() < 5 + len {
-                break;
-            }
-            if self.pending[0] != 0 {
-                return Err(Status::internal("a compressed message in the stream"));
-            }
-            self.pending.advance(5);
-            let message = self.pending.split_to(len).freeze();
+        while let Some(message) = next_message(&mut self.pending)? {
             match self.codec {
                 Codec::Proto => envelope(0, &message, &mut out),
                 Codec::Json => {
-                    let json = self
-                        .schema
-                        .proto_to_json(self.output.clone(), message)
-                        .map_err(|e| {
-                            tracing::error!(error = %e, "cannot write a streamed message as JSON");
-                            Status::internal("cannot write a message as JSON")
-                        })?;
+                    let json = message_json(&self.schema, &self.output, message)?;
                     envelope(0, json.to_string().as_bytes(), &mut out);
                 }
             }

@@ -102,32 +102,41 @@ struct Events {
     done: bool,
 }
 
+/// The next whole gRPC message of `pending`, unframed; `None` until one
+/// has arrived whole. A compressed one is refused.
+pub(super) fn next_message(pending: &mut BytesMut) -> Result<Option<Bytes>, Status> {
+    let Some(head) = pending.get(..5) else {
+        return Ok(None);
+    };
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    if pending.len() < 5 + len {
+        return Ok(None);
+    }
+    if head[0] != 0 {
+        return Err(Status::internal("a compressed message in the stream"));
+    }
+    pending.advance(5);
+    Ok(Some(pending.split_to(len).freeze()))
+}
+
+/// A streamed message as JSON.
+pub(super) fn message_json(
+    schema: &Schema,
+    output: &MessageDescriptor,
+    message: Bytes,
+) -> Result<serde_json::Value, Status> {
+    schema.proto_to_json(output.clone(), message).map_err(|e| {
+        tracing::error!(error = %e, "cannot write a streamed message as JSON");
+        Status::internal("cannot write a message as JSON")
+    })
+}
+
 impl Events {
     /// The events of the whole messages received so far.
     fn whole_messages(&mut self) -> Result<Bytes, Status> {
         let mut out = BytesMut::new();
-        while self.pending.len() >= 5 {
-            let len = u32::from_be_bytes([
-                self.pending[1],
-                self.pending[2],
-                self.pending[3],
-                self.pending[4],
-            ]) as usize;
-            if self.pending.len() < 5 + len {
-                break;
-            }
-            if self.pending[0] != 0 {
-                return Err(Status::internal("a compressed message in the stream"));
-            }
-            self.pending.advance(5);
-            let message = self.pending.split_to(len).freeze();
-            let json = self
-                .schema
-                .proto_to_json(self.output.clone(), message)
-                .map_err(|e| {
-                    tracing::error!(error = %e, "cannot write a streamed message as JSON");
-                    Status::internal("cannot write a message as JSON")
-                })?;
+        while let Some(message) = next_message(&mut self.pending)? {
+            let json = message_json(&self.schema, &self.output, message)?;
             out.put_slice(b"data: ");
             out.put_slice(json.to_string().as_bytes());
             out.put_slice(b"\n\n");
