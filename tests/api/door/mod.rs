@@ -35,6 +35,11 @@ async fn guarded_server(db: &TestDatabase, tokens: &TokenFile) -> (ServerProcess
             "127.0.0.1:0",
             "--sweep-interval",
             "0s",
+            // The bodies these tests hold open must stay held for the
+            // whole test, however slowly a loaded machine runs it: the
+            // default 10 s would free a tenant's share in the middle.
+            "--request-body-timeout",
+            "300s",
         ],
     )
     .await;
