@@ -16,6 +16,7 @@ use crate::auth::AuthError;
 use crate::domain::{Refusal, TooManyWaiters};
 use crate::metrics::Metrics;
 use crate::store::{PastDeadline, StoreError};
+use crate::telemetry::cause_chain;
 
 /// The `ErrorInfo.domain` of every error this service returns.
 pub const ERROR_DOMAIN: &str = "idempotency.v1";
@@ -110,18 +111,6 @@ impl Error {
             }
         }
     }
-}
-
-/// `error: cause: cause ...`, for logs.
-pub fn cause_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// A refusal's code and `ErrorInfo` reason.

@@ -43,7 +43,7 @@ pub async fn check(args: &HealthArgs) -> Result<(), Unhealthy> {
             None => endpoint.connect().await,
             Some(files) => {
                 let config = crate::tls::own_server_client_config(&files)
-                    .map_err(|e| unhealthy(crate::error::cause_chain(&e)))?;
+                    .map_err(|e| unhealthy(crate::telemetry::cause_chain(&e)))?;
                 endpoint
                     .connect_with_connector(OwnServer {
                         target: target.clone(),

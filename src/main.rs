@@ -7,9 +7,9 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use idempotency_coordinator::config::{Cli, Command};
-use idempotency_coordinator::error::cause_chain;
 use idempotency_coordinator::startup::{StartupError, commands};
 use idempotency_coordinator::telemetry;
+use idempotency_coordinator::telemetry::cause_chain;
 
 /// jemalloc rather than the system allocator: a burst of calls (ten thousand
 /// waiters arriving at once) frees most of what it allocated, and glibc's

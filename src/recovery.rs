@@ -21,8 +21,8 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::domain::{DueReason, DueRecord, Status};
-use crate::error::cause_chain;
 use crate::store::Store;
+use crate::telemetry::cause_chain;
 
 /// Records waiting for delivery at most; more wait for a later round.
 const QUEUE: usize = 256;

@@ -15,10 +15,10 @@ use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::{SweepCounts, Tenant};
-use crate::error::cause_chain;
 use crate::metrics::SweepOutcome;
 use crate::recovery::Webhook;
 use crate::store::{Store, StoreError};
+use crate::telemetry::cause_chain;
 
 mod shards;
 

@@ -53,6 +53,18 @@ use tracing_subscriber::{EnvFilter, Layer};
 
 use crate::domain::{RecordId, Scope};
 
+/// `error: cause: cause ...`, for logs.
+pub fn cause_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// Targets that log call data at debug level: kept at `info` unless named.
 const QUIET_TARGETS: &[&str] = &["tokio_postgres"];
 

@@ -65,8 +65,8 @@ use tonic_health::server::HealthService;
 
 use crate::auth::{Authenticator, Caller};
 use crate::domain::JsonValues;
-use crate::error::cause_chain;
 use crate::service::CoordinatorService;
+use crate::telemetry::cause_chain;
 use crate::transport::{
     Admission, ConnectionShare, HttpBody, HttpHandler, OpenCall, Reservation, printable,
 };

@@ -11,8 +11,8 @@ use tonic::{Code, Status};
 
 use super::json;
 use crate::auth::AuthError;
-use crate::error::cause_chain;
 use crate::metrics;
+use crate::telemetry::cause_chain;
 use crate::transport::{Full as BudgetFull, HttpBody, printable};
 
 /// Why the door refused a request, before or after the Coordinator saw it.

@@ -13,11 +13,12 @@ use tonic::Status;
 
 use crate::auth::Revocation;
 use crate::domain::{DueReason, DueRecord, Scope, Tenant};
-use crate::error::{Error, cause_chain};
+use crate::error::Error;
 use crate::metrics;
 use crate::notify::DueSubscription;
 use crate::proto;
 use crate::store::{Store, StoreError};
+use crate::telemetry::cause_chain;
 
 use super::encode;
 

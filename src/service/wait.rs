@@ -16,11 +16,12 @@ use crate::domain::{
     AcquireCommand, Acquired, Decision, LeaseToken, Record, RecordId, Refusal,
     Status as RecordStatus,
 };
-use crate::error::{Error, cause_chain};
+use crate::error::Error;
 use crate::metrics;
 use crate::notify::Subscription;
 use crate::proto;
 use crate::store::{CallTime, Store, StoreError};
+use crate::telemetry::cause_chain;
 
 use super::encode;
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Authenticator;
-use crate::error::cause_chain;
+use crate::telemetry::cause_chain;
 use crate::tls::Tls;
 
 /// Says whether callers must authenticate.

@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use tonic::Status;
 
 use super::StartupError;
-use crate::error::{Error, cause_chain};
+use crate::error::Error;
 use crate::store::{self, ConnectTarget, Store, StoreError, migrate};
+use crate::telemetry::cause_chain;
 
 /// The pause after the first failed attempt to reach the database at
 /// start; it doubles with each attempt, up to [`MAX_DATABASE_RETRY`].

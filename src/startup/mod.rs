@@ -42,12 +42,12 @@ use tonic_health::server::HealthService;
 
 use crate::auth::{Authenticator, CredentialsError};
 use crate::config::ServeConfig;
-use crate::error::cause_chain;
 use crate::http::DoorServices;
 use crate::notify::Hub;
 use crate::service::CoordinatorService;
 use crate::store::{self, Clock, Store, StoreError, UrlError, migrate};
 use crate::sweeper::{SweepTotals, Sweeper};
+use crate::telemetry::cause_chain;
 use crate::tls::{Tls, TlsError};
 
 use background::{Supervisor, Until};

@@ -31,7 +31,7 @@ use super::activity::{Activity, OpenCall};
 use super::admission::Admission;
 use super::body::{ByteBudget, Full};
 use super::coalesce::Coalesced;
-use crate::error::cause_chain;
+use crate::telemetry::cause_chain;
 use crate::tls::Tls;
 
 /// Resolves once the connection has had no open call for `timeout`.

@@ -133,7 +133,7 @@ impl Company {
             && !seen.failed
         {
             tracing::warn!(
-                error = %crate::error::cause_chain(e),
+                error = %crate::telemetry::cause_chain(e),
                 "could not count the replicas sharing the database: one batch at a time"
             );
         }

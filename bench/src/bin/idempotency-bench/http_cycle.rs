@@ -18,7 +18,7 @@ use hyper::body::{Body as _, Incoming};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 
-use idempotency_coordinator::error::cause_chain;
+use idempotency_coordinator::telemetry::cause_chain;
 
 use crate::Args;
 use crate::report::{CycleStats, histogram, ms, report_line};
