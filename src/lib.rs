@@ -14,8 +14,8 @@
 //!   where Acquire, Complete and ExtendLease are really decided (under row
 //!   locks and the database clock); how statements reach the database.
 //! - [`service`]: the gRPC services: decode into domain commands, ask the
-//!   store, encode the answer; Acquire's wait (a waiting Acquire parked in
-//!   a task of its own, answered through admission: `transport::later`)
+//!   store, encode the answer; Acquire's wait (a waiting Acquire parked,
+//!   run and answered by its answer's body: `transport::later`)
 //!   and the Watch streams.
 //! - [`error`]: the one error type and its mapping to gRPC status codes.
 //! - [`notify`]: the hub: waiting without a database connection.

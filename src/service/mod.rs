@@ -32,7 +32,7 @@ use crate::proto::coordinator_server::Coordinator;
 use crate::store::{CallTime, Store};
 use crate::sweeper::{Sweep, Sweeper};
 use crate::telemetry;
-use crate::transport::{CallDeadline, Reply, answer_later};
+use crate::transport::{CallDeadline, answer_later};
 
 /// Asks Get to answer the record's current lease token as well, in the
 /// response's extensions ([`CurrentLeaseToken`]), never on the wire. Only an
@@ -129,27 +129,18 @@ impl CoordinatorService {
     }
 
     /// Parks an Acquire that may wait `window`: the call is answered at
-    /// once with its headers and an [`AnswerLater`], and a task of its own
-    /// (the command, the hub's subscription and the wait's state, no
-    /// request and no handler's future) decides, waits and hands the
-    /// answer over; it ends early if the caller goes away.
+    /// once with its headers and an [`AnswerLater`] holding its future (the
+    /// command, the hub's subscription and the wait's state, no request and
+    /// no handler's future), which decides, waits and answers when the
+    /// answer's body polls it; a caller that goes away drops it.
     fn park(
         &self,
         cmd: AcquireCommand,
         window: Duration,
     ) -> Result<Response<proto::AcquireResponse>, Error> {
         let subscription = self.hub.subscribe(&cmd.id)?;
-        let (reply, later) = answer_later();
-        tokio::spawn(
-            parked(
-                Arc::clone(&self.parked_store),
-                subscription,
-                cmd,
-                window,
-                reply,
-            )
-            .instrument(tracing::Span::current()),
-        );
+        let store = Arc::clone(&self.parked_store);
+        let later = answer_later(parked(store, subscription, cmd, window));
         let mut response = Response::new(proto::AcquireResponse::default());
         response.extensions_mut().insert(later);
         Ok(response)
@@ -160,26 +151,19 @@ impl CoordinatorService {
 /// a waiting call holds for its whole window.
 #[expect(
     clippy::manual_async_fn,
-    reason = "an async fn's future would hold the command twice (968 bytes, not 760)"
+    reason = "an async fn's future would hold the command twice"
 )]
 fn parked(
     store: Arc<Store>,
     subscription: Subscription,
     cmd: AcquireCommand,
     window: Duration,
-    mut reply: Reply,
-) -> impl std::future::Future<Output = ()> + Send {
+) -> impl std::future::Future<Output = Result<proto::AcquireResponse, Status>> + Send {
     async move {
-        let waited = wait::acquire(&store, subscription, &cmd, window);
-        let acquired = tokio::select! {
-            acquired = waited => acquired,
-            () = reply.closed() => return,
-        };
-        reply.send(
-            acquired
-                .map(|acquired| answered(store.metrics(), &cmd, acquired))
-                .map_err(|e| Status::from(Error::from_store(e, store.metrics()))),
-        );
+        let acquired = wait::acquire(&store, subscription, &cmd, window).await;
+        acquired
+            .map(|acquired| answered(store.metrics(), &cmd, acquired))
+            .map_err(|e| Status::from(Error::from_store(e, store.metrics())))
     }
 }
 
@@ -491,8 +475,8 @@ mod tests {
         // Ten thousand of these are the server's memory; 768 bytes is one of
         // jemalloc's size classes (README, Memory). Besides the command and
         // the wait's state (640 bytes when the handler's future held them),
-        // it keeps the store's handle and its reply, and watches for the
-        // caller leaving.
+        // it keeps the store's handle; the answer's body holds it boxed,
+        // as it is.
         let service = service();
         let request = Request::new(proto::AcquireRequest {
             scope: "s".into(),
@@ -505,10 +489,9 @@ mod tests {
         });
         let cmd = service.acquire_command(request).await.unwrap();
         let subscription = service.hub.subscribe(&cmd.id).unwrap();
-        let (reply, _later) = answer_later();
         let window = Duration::from_secs(30);
         let store = Arc::clone(&service.parked_store);
-        let waiter = parked(store, subscription, cmd, window, reply);
+        let waiter = parked(store, subscription, cmd, window);
         let size = std::mem::size_of_val(&waiter);
         assert!(size <= 768, "a parked Acquire's future is {size} bytes");
     }

@@ -296,7 +296,7 @@ impl Admission {
         let request = request.map(|body| GuardedBody::new(body, body_share, limits));
         // Boxed: the router's future (320 bytes) would otherwise size every
         // call's future. A call that waits does not keep it: its service
-        // parks it and answers later ([`AnswerLater`]).
+        // parks it, and the answer's body runs it ([`AnswerLater`]).
         let answer = span
             .span()
             .in_scope(|| Box::pin(self.routes.clone().call(request)))
@@ -492,7 +492,11 @@ impl http_body::Body for Tracked {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, tonic::Status>>> {
         let this = self.get_mut();
-        let polled = std::pin::Pin::new(&mut this.body).poll_frame(cx);
+        // In the call's span: a parked call's body runs its decision.
+        let polled = {
+            let _in_span = this.span.span().enter();
+            std::pin::Pin::new(&mut this.body).poll_frame(cx)
+        };
         if let std::task::Poll::Ready(Some(frame)) = &polled {
             if let Ok(frame) = frame
                 && let Some(data) = frame.data_ref()

@@ -97,8 +97,12 @@ impl Protocol for Grpc {
         let admission = self.admission;
         let service = {
             let activity = Arc::clone(&activity);
+            // Boxed: the connection holds each stream's task for as long as
+            // the stream lasts, sized for the largest thing it holds, and
+            // admission's future (288 bytes) is gone once the answer's
+            // headers are: a call that waits keeps only its answer's body.
             hyper::service::service_fn(move |request: http::Request<Incoming>| {
-                admission.call(request, activity.start())
+                Box::pin(admission.call(request, activity.start()))
             })
         };
         let connection = self.builder.serve_connection(TokioIo::new(io), service);

@@ -1,39 +1,59 @@
 //! Answers that follow their headers. A call that waits (an Acquire in its
 //! window) is parked by its service, which answers at once with the answer's
-//! headers and an [`AnswerLater`] in the response's extensions; admission
-//! sends the headers and, in place of the body the service's handler made,
-//! the message the parked call hands to its [`Reply`]. While it waits, a
-//! call holds no handler's future: only what its service parked, and this
-//! body's channel.
+//! headers and an [`AnswerLater`] in the response's extensions holding the
+//! parked call's future; admission sends the headers and, in place of the
+//! body the service's handler made, a body that polls that future and then
+//! is its answer. While it waits, a call holds no handler's future, no task
+//! and no channel: only the future its service parked, inside the body that
+//! the connection polls. A caller that goes away drops the body, and with it
+//! the parked call.
 
 use std::any::Any;
-use std::future::Future as _;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 
 use http_body::Frame;
-use tokio::sync::oneshot;
 use tonic::Status;
 use tonic::body::Body;
 use tonic::codec::{EncodeBody, SingleMessageCompressionOverride};
 use tonic_prost::ProstEncoder;
 
-/// Where a parked call's answer arrives; put in the response's extensions
-/// by the service, taken out by admission ([`AnswerLater::into_body`]) or by
-/// an in-process caller ([`AnswerLater::message`]). Shared (extensions must
-/// be `Clone`), but only its one holder gets the answer: a copy left
-/// anywhere else answers INTERNAL.
+/// A parked call, put in the response's extensions by the service, taken
+/// out by admission ([`AnswerLater::into_body`]) or by an in-process caller
+/// ([`AnswerLater::message`]). Shared (extensions must be `Clone`), but only
+/// its one holder gets the call: a copy left anywhere else answers INTERNAL.
 #[derive(Clone)]
-pub struct AnswerLater(Arc<oneshot::Receiver<Box<dyn Answer>>>);
+pub struct AnswerLater(Arc<Mutex<Option<Parked>>>);
 
-/// The parked call's side: answers once, or hears that the caller left.
-pub struct Reply(oneshot::Sender<Box<dyn Answer>>);
+/// The parked call's future, its answer's type erased.
+type Parked = Pin<Box<dyn ParkedCall>>;
 
-/// A channel for one answer that follows its headers.
-pub fn answer_later() -> (Reply, AnswerLater) {
-    let (reply, later) = oneshot::channel();
-    (Reply(reply), AnswerLater(Arc::new(later)))
+/// A future that ends in a `Result<M, Status>` for some message `M`.
+trait ParkedCall: Send {
+    fn poll_answer(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Box<dyn Answer>>;
+}
+
+impl<M, F> ParkedCall for F
+where
+    F: Future<Output = Result<M, Status>> + Send,
+    M: prost::Message + Send + 'static,
+{
+    fn poll_answer(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Box<dyn Answer>> {
+        self.poll(cx)
+            .map(|answer| Box::new(answer) as Box<dyn Answer>)
+    }
+}
+
+/// Parks `call`: its answer follows the headers. Boxed once, as it is.
+pub fn answer_later<M, F>(call: F) -> AnswerLater
+where
+    F: Future<Output = Result<M, Status>> + Send + 'static,
+    M: prost::Message + Send + 'static,
+{
+    AnswerLater(Arc::new(Mutex::new(Some(Box::pin(call)))))
 }
 
 /// A parked call's answer, a message or a status, kept as it is until its
@@ -68,37 +88,35 @@ fn unanswered() -> Status {
     Status::internal("the call ended without an answer")
 }
 
-impl Reply {
-    /// Answers `answer` (a caller that left has dropped the reader).
-    pub fn send<M: prost::Message + Send + 'static>(self, answer: Result<M, Status>) {
-        let _ = self.0.send(Box::new(answer));
-    }
-
-    /// Resolves when the caller has gone away (its stream reset, or the
-    /// connection closed): nobody will read the answer.
-    pub async fn closed(&mut self) {
-        self.0.closed().await;
+/// Polls `parked` once; a panic in it ends the call (`None`), as a
+/// handler's panic would have ended its task, and is not the connection's.
+fn poll_parked(parked: &mut Parked, cx: &mut Context<'_>) -> Poll<Option<Box<dyn Answer>>> {
+    match std::panic::catch_unwind(AssertUnwindSafe(|| parked.as_mut().poll_answer(cx))) {
+        Ok(polled) => polled.map(Some),
+        Err(_) => Poll::Ready(None),
     }
 }
 
 impl AnswerLater {
-    fn receiver(self) -> Option<oneshot::Receiver<Box<dyn Answer>>> {
-        Arc::try_unwrap(self.0).ok()
+    fn take(self) -> Option<Parked> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
-    /// The answer's body: the parked call's message, encoded once it has
-    /// been handed over.
+    /// The answer's body: the parked call, polled until it answers, then
+    /// its message encoded.
     pub fn into_body(self) -> Body {
         Body::new(Later {
-            answer: self.receiver(),
+            parked: self.take(),
             body: None,
         })
     }
 
     /// The parked call's answer as it is, for an in-process caller.
     pub async fn message<M: Send + 'static>(self) -> Result<M, Status> {
-        let answer = self.receiver().ok_or_else(unanswered)?;
-        let answer = answer.await.map_err(|_| unanswered())?;
+        let mut parked = self.take().ok_or_else(unanswered)?;
+        let answer = std::future::poll_fn(|cx| poll_parked(&mut parked, cx))
+            .await
+            .ok_or_else(unanswered)?;
         match answer.into_any().downcast::<Result<M, Status>>() {
             Ok(answer) => *answer,
             Err(_) => Err(Status::internal("the answer is not of the method's type")),
@@ -106,9 +124,9 @@ impl AnswerLater {
     }
 }
 
-/// Waits for the parked call's body, then is that body.
+/// Polls the parked call, then is its answer's body.
 struct Later {
-    answer: Option<oneshot::Receiver<Box<dyn Answer>>>,
+    parked: Option<Parked>,
     body: Option<Body>,
 }
 
@@ -122,16 +140,16 @@ impl http_body::Body for Later {
     ) -> Poll<Option<Result<Frame<bytes::Bytes>, Status>>> {
         let this = &mut *self;
         if this.body.is_none() {
-            let received = match &mut this.answer {
-                Some(answer) => ready!(Pin::new(answer).poll(cx)).ok(),
+            let answer = match &mut this.parked {
+                Some(parked) => ready!(poll_parked(parked, cx)),
                 None => None,
             };
-            this.answer = None;
-            match received {
+            this.parked = None;
+            match answer {
                 Some(answer) => this.body = Some(answer.into_body()),
                 None => {
                     // The parked call ended without answering (it panicked,
-                    // or the server is going down): the body ends at once,
+                    // or was taken by someone else): the body ends at once,
                     // answering INTERNAL in the trailers, and then nothing.
                     this.body = Some(Body::empty());
                     let (head, ()) = unanswered().into_http::<()>().into_parts();
@@ -155,14 +173,22 @@ mod tests {
     use super::*;
     use http_body_util::BodyExt as _;
 
-    #[tokio::test]
-    async fn the_parked_calls_answer_is_the_body() {
-        let (reply, later) = answer_later();
-        let body = later.into_body();
-        reply.send(Ok(prost_types::Duration {
+    fn seven() -> prost_types::Duration {
+        prost_types::Duration {
             seconds: 7,
             nanos: 0,
-        }));
+        }
+    }
+
+    #[tokio::test]
+    async fn the_parked_calls_answer_is_the_body() {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let later = answer_later(async move {
+            rx.await.unwrap();
+            Ok(seven())
+        });
+        let body = later.into_body();
+        tx.send(()).unwrap();
         let collected = body.collect().await.unwrap();
         let trailers = collected.trailers().cloned().unwrap();
         assert_eq!(trailers.get("grpc-status").unwrap(), "0");
@@ -175,20 +201,12 @@ mod tests {
 
     #[tokio::test]
     async fn an_in_process_caller_takes_the_message_as_it_is() {
-        let (reply, later) = answer_later();
-        reply.send(Ok(prost_types::Duration {
-            seconds: 7,
-            nanos: 0,
-        }));
+        let later = answer_later(async { Ok(seven()) });
         let message: prost_types::Duration = later.message().await.unwrap();
         assert_eq!(message.seconds, 7);
     }
 
-    #[tokio::test]
-    async fn a_call_parked_and_never_answered_ends_internal() {
-        let (reply, later) = answer_later();
-        let body = later.into_body();
-        drop(reply);
+    async fn internal(body: Body) {
         let collected = body.collect().await.unwrap();
         let trailers = collected.trailers().cloned().unwrap();
         assert_eq!(
@@ -198,11 +216,44 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_parked_call_hears_that_its_caller_left() {
-        let (mut reply, later) = answer_later();
-        drop(later.into_body());
-        tokio::time::timeout(std::time::Duration::from_secs(5), reply.closed())
-            .await
-            .expect("the reply hears the body was dropped");
+    async fn a_parked_call_that_panics_ends_internal() {
+        let later = answer_later(async {
+            if true {
+                panic!("the parked call fails");
+            }
+            Ok(seven())
+        });
+        internal(later.into_body()).await;
+    }
+
+    #[tokio::test]
+    async fn only_the_first_taker_gets_the_parked_call() {
+        let later = answer_later(async { Ok(seven()) });
+        let copy = later.clone();
+        let body = later.into_body();
+        internal(copy.into_body()).await;
+        assert!(body.collect().await.unwrap().trailers().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_caller_that_leaves_drops_the_parked_call() {
+        let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
+        let later = answer_later(async move {
+            std::future::pending::<()>().await;
+            drop(tx);
+            Ok(seven())
+        });
+        let mut body = later.into_body();
+        let polled = futures::poll!(body.frame());
+        assert!(polled.is_pending());
+        assert!(
+            rx.try_recv()
+                .is_err_and(|e| e == tokio::sync::oneshot::error::TryRecvError::Empty)
+        );
+        drop(body);
+        assert_eq!(
+            rx.try_recv(),
+            Err(tokio::sync::oneshot::error::TryRecvError::Closed)
+        );
     }
 }

@@ -34,7 +34,7 @@ pub use admission::{
 };
 pub use body::{ByteBudget, Full, Reservation};
 pub use connection::{ConnectionShare, HttpBody, HttpHandler, Peer};
-pub use later::{AnswerLater, Reply, answer_later};
+pub use later::{AnswerLater, answer_later};
 
 /// `text` with every character that could forge or disturb a log line
 /// escaped (`\n`, `\r`, ESC as `\u{1b}`, the other control characters,
