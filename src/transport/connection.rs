@@ -57,6 +57,7 @@ pub fn http2_builder(limits: &ConnectionLimits) -> http2::Builder<TokioExecutor>
         .max_header_list_size(limits.max_header_list_bytes)
         .initial_stream_window_size(limits.window_bytes)
         .initial_connection_window_size(limits.window_bytes)
+        .max_local_error_reset_streams(super::MAX_LOCAL_RESETS)
         .keep_alive_interval(limits.keepalive_interval)
         .keep_alive_timeout(limits.keepalive_timeout);
     builder
@@ -173,6 +174,7 @@ pub fn http_builder(limits: &ConnectionLimits) -> auto::Builder<TokioExecutor> {
         .max_header_list_size(limits.max_header_list_bytes)
         .initial_stream_window_size(limits.window_bytes)
         .initial_connection_window_size(limits.window_bytes)
+        .max_local_error_reset_streams(super::MAX_LOCAL_RESETS)
         .keep_alive_interval(limits.keepalive_interval)
         .keep_alive_timeout(limits.keepalive_timeout);
     builder

@@ -64,6 +64,16 @@ pub const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
 /// The HTTP/2 flow-control window of each stream and of each connection:
 /// what a client may send before the server has read it.
 pub const WINDOW_BYTES: u32 = 1024 * 1024;
+/// The streams an HTTP/2 connection may make the server reset on its own
+/// over its life before the server closes it (ENHANCE_YOUR_CALM). A call
+/// refused before its body was read is reset, and the body's bytes
+/// already sent (up to a window) arrive after it; once more than 50 such
+/// streams were reset within 30 s, the HTTP/2 library has forgotten the
+/// oldest, and each late frame for one counts here too. At the library's
+/// 1,024, a client retrying 800 refused 1 MB Completes over 8 connections
+/// lost every connection in 10 s, with the calls in flight on them; 64
+/// times as many still bounds what a peer can make the server do for free.
+pub const MAX_LOCAL_RESETS: usize = 64 * 1024;
 
 /// How connections are accepted and kept.
 #[derive(Debug, Clone, Copy)]
