@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use idempotency_coordinator::proto::Decision;
+use idempotency_coordinator::proto::acquire_request::RequestFingerprint;
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpStream;
@@ -128,8 +129,11 @@ async fn one_tenant_holds_at_most_half_the_budget_and_its_refusals_are_counted_a
     let tokens = tokens();
     let (server, http) = guarded_server(&db, &tokens).await;
 
-    // Tenant a sends four bodies of the largest size but their last byte,
-    // and holds them open: together its whole half of the 64 MiB budget.
+    // Tenant a sends four bodies of the largest size but their last 128
+    // KiB, and holds them open: all of its half of the 64 MiB budget but
+    // about 0.5 MiB (each call also counts 8 KiB and its headers twice).
+    // Four whole bodies would not fit, and the last would be refused
+    // part-way: how full the share stayed would depend on timing.
     let mut held = Vec::new();
     for _ in 0..4 {
         let framing = format!("Authorization: Bearer {TOKEN_A}\r\nContent-Length: 8388608\r\n\r\n");
@@ -137,12 +141,14 @@ async fn one_tenant_holds_at_most_half_the_budget_and_its_refusals_are_counted_a
         tcp.write_all(head("/acquire", &framing).as_bytes())
             .await
             .unwrap();
-        tcp.write_all(&vec![b' '; 8 * 1024 * 1024 - 1])
+        tcp.write_all(&vec![b' '; 8 * 1024 * 1024 - 128 * 1024])
             .await
             .unwrap();
         held.push(tcp);
     }
-    // Once they are in, tenant a's next request is refused 429.
+    // Once they are in, tenant a's next call that carries 1 MiB is refused
+    // 429: more than the room left in its share.
+    let padding = "x".repeat(1024 * 1024);
     let client = http_client();
     let mut n = 0;
     // 32 MiB to read in: on a loaded machine that takes a while.
@@ -155,7 +161,10 @@ async fn one_tenant_holds_at_most_half_the_budget_and_its_refusals_are_counted_a
                 .post(format!("http://{http}/acquire"))
                 .header("authorization", format!("Bearer {TOKEN_A}"))
                 .header("content-type", "application/json")
-                .body(json!({"scope": "s", "idempotency_key": format!("a-{n}")}).to_string())
+                .body(
+                    json!({"scope": "s", "idempotency_key": format!("a-{n}"), "padding": padding})
+                        .to_string(),
+                )
                 .send();
             async move {
                 let response = request.await.unwrap();
@@ -168,7 +177,9 @@ async fn one_tenant_holds_at_most_half_the_budget_and_its_refusals_are_counted_a
     // Meanwhile tenant a's share is full on the gRPC port too, and tenant b
     // is served on both.
     let mut a = grpc_client(&server, TOKEN_A).await;
-    let refused = a.acquire(acquire("s", "a")).await.unwrap_err();
+    let mut large = acquire("s", "a");
+    large.request_fingerprint = Some(RequestFingerprint::JsonPayload(format!("\"{padding}\"")));
+    let refused = a.acquire(large).await.unwrap_err();
     assert_eq!(
         refused.code(),
         tonic::Code::ResourceExhausted,
