@@ -105,9 +105,9 @@ impl AnswerLater {
     /// The answer's body: the parked call, polled until it answers, then
     /// its message encoded.
     pub fn into_body(self) -> Body {
-        Body::new(Later {
-            parked: self.take(),
-            body: None,
+        Body::new(match self.take() {
+            Some(parked) => Later::Parked(parked),
+            None => Later::Unanswered,
         })
     }
 
@@ -125,9 +125,13 @@ impl AnswerLater {
 }
 
 /// Polls the parked call, then is its answer's body.
-struct Later {
-    parked: Option<Parked>,
-    body: Option<Body>,
+enum Later {
+    Parked(Parked),
+    Answer(Body),
+    /// The parked call ended without answering (it panicked, or was taken
+    /// by someone else): INTERNAL in the trailers, then nothing.
+    Unanswered,
+    Ended,
 }
 
 impl http_body::Body for Later {
@@ -139,32 +143,26 @@ impl http_body::Body for Later {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<bytes::Bytes>, Status>>> {
         let this = &mut *self;
-        if this.body.is_none() {
-            let answer = match &mut this.parked {
-                Some(parked) => ready!(poll_parked(parked, cx)),
-                None => None,
+        if let Later::Parked(parked) = this {
+            *this = match ready!(poll_parked(parked, cx)) {
+                Some(answer) => Later::Answer(answer.into_body()),
+                None => Later::Unanswered,
             };
-            this.parked = None;
-            match answer {
-                Some(answer) => this.body = Some(answer.into_body()),
-                None => {
-                    // The parked call ended without answering (it panicked,
-                    // or was taken by someone else): the body ends at once,
-                    // answering INTERNAL in the trailers, and then nothing.
-                    this.body = Some(Body::empty());
-                    let (head, ()) = unanswered().into_http::<()>().into_parts();
-                    return Poll::Ready(Some(Ok(Frame::trailers(head.headers))));
-                }
-            }
         }
-        match &mut this.body {
-            Some(body) => Pin::new(body).poll_frame(cx),
-            None => Poll::Ready(None),
+        match this {
+            Later::Parked(_) => unreachable!("polled above until it answered"),
+            Later::Answer(body) => Pin::new(body).poll_frame(cx),
+            Later::Unanswered => {
+                *this = Later::Ended;
+                let (head, ()) = unanswered().into_http::<()>().into_parts();
+                Poll::Ready(Some(Ok(Frame::trailers(head.headers))))
+            }
+            Later::Ended => Poll::Ready(None),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        false
+        matches!(self, Later::Ended)
     }
 }
 

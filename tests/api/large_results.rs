@@ -27,10 +27,11 @@ const RESULT_BYTES: usize = 1_000_000;
 /// storm by hand, `LARGE_RESULTS_STORM` and `LARGE_RESULTS_BUDGET_MIB`
 /// (docs/limits.md: 800 at the default 64 MiB, on a release build).
 fn storm_and_budget() -> (usize, u64) {
-    let read = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
+    let storm = std::env::var("LARGE_RESULTS_STORM").ok();
+    let budget = std::env::var("LARGE_RESULTS_BUDGET_MIB").ok();
     (
-        read("LARGE_RESULTS_STORM").map_or(STORM, |n: u64| n as usize),
-        read("LARGE_RESULTS_BUDGET_MIB").unwrap_or(BUDGET_MIB),
+        storm.and_then(|n| n.parse().ok()).unwrap_or(STORM),
+        budget.and_then(|n| n.parse().ok()).unwrap_or(BUDGET_MIB),
     )
 }
 
