@@ -10,10 +10,13 @@
 //!   proxy that breaks the database's network, and (feature `bench`) the
 //!   fault suites' recording clients.
 //! - [`citus`]: a Citus cluster for the tests, and where its shards are.
+//! - [`conformance`]: the conformance matrix, generic over the database it
+//!   runs on, so the API suite and the Citus suite run the same one.
 //! - [`sidecar`]: a counting upstream, and (feature `sidecar`) a
 //!   coordinator, upstream and sidecar started together.
 
 pub mod citus;
+pub mod conformance;
 pub mod faults;
 pub mod helpers;
 pub mod sidecar;

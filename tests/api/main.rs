@@ -4,8 +4,6 @@
 mod acquire;
 mod admin;
 mod auth;
-#[path = "conformance/backend.rs"]
-mod backend;
 mod batch_statement;
 mod batches;
 mod complete;

@@ -5,13 +5,11 @@
 
 mod admin;
 mod app;
-mod backend;
 mod batches;
 mod calls;
 mod cluster;
-// The API suite's conformance matrix, run on the cluster: the same calls
-// must get the same answers as on one PostgreSQL.
-#[path = "../api/conformance.rs"]
+// The conformance matrix, run on the cluster: the same calls must get the
+// same answers as on one PostgreSQL.
 mod conformance;
 mod direct;
 mod door;

@@ -4,12 +4,12 @@
 
 use tokio_postgres::Client;
 
+use super::Backend;
 use super::watch::Watcher;
 use super::{
     CREATED_WITH, FINGERPRINTS, STATES, Servers, State, Tally, WHERE_KEY, acquire_with,
     batch_precheck, create, name, put_in, reference, reference_in, server,
 };
-use crate::backend;
 use crate::helpers::*;
 
 /// What the contract says an Acquire answers on a record in `state` when
@@ -163,9 +163,8 @@ async fn check_a_waiter_woken_by_a_change(
     until_waiters(server, 0).await;
 }
 
-#[tokio::test]
-async fn every_path_answers_what_idempotency_acquire_answers() {
-    let Some(db) = backend::database().await else {
+pub async fn every_path_answers_what_idempotency_acquire_answers<B: Backend>() {
+    let Some(db) = B::create().await else {
         return;
     };
     let mut sql = db.connect().await;
@@ -199,10 +198,9 @@ async fn every_path_answers_what_idempotency_acquire_answers() {
     tally.assert_all_agree();
 }
 
-#[tokio::test]
-async fn sql_cuts_error_texts_where_the_server_does() {
+pub async fn sql_cuts_error_texts_where_the_server_does<B: Backend>() {
     use idempotency_coordinator::domain::MAX_ERROR_CHARS;
-    let Some(db) = backend::database().await else {
+    let Some(db) = B::create().await else {
         return;
     };
     let app = server(&db, |_| {}).await;

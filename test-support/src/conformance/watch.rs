@@ -7,9 +7,9 @@
 
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use idempotency_coordinator::proto;
 use tokio::task::JoinHandle;
-use tokio_stream::StreamExt;
 use tonic::Code;
 
 use super::shape::Shape;

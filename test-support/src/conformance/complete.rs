@@ -9,13 +9,13 @@ use idempotency_coordinator::proto::{self, complete_request};
 use tokio_postgres::Client;
 use tonic::Code;
 
+use super::Backend;
 use super::shape::Shape;
 use super::watch::{Watched, Watcher};
 use super::{
     Servers, Tally, assert_one_writer_per_node, batched_beside, companion_acquire, gated_servers,
     set_after_update,
 };
-use crate::backend::{self, Database};
 use crate::helpers::*;
 
 /// What is done to the record before the Complete compared.
@@ -368,7 +368,7 @@ async fn group_commit(
     gated: &TestServer,
     path: &str,
     gate: &Gate,
-    db: &Database,
+    db: &impl Backend,
     sql: &Client,
 ) -> Vec<Seen> {
     let path = path.replace(' ', "-");
@@ -408,9 +408,8 @@ async fn group_commit(
     seen(gated, prepared, answers).await
 }
 
-#[tokio::test]
-async fn complete_leaves_the_same_record_alone_or_in_a_group_commit() {
-    let Some(db) = backend::database().await else {
+pub async fn complete_leaves_the_same_record_alone_or_in_a_group_commit<B: Backend>() {
+    let Some(db) = B::create().await else {
         return;
     };
     let sql = db.connect().await;
@@ -432,7 +431,7 @@ async fn complete_leaves_the_same_record_alone_or_in_a_group_commit() {
         grouped
     };
     let (alone_on_each, grouped) =
-        tokio::join!(futures_util::future::join_all(alone_on_each), group_commits,);
+        tokio::join!(futures::future::join_all(alone_on_each), group_commits,);
     let mut seen_on_each = servers
         .paths()
         .map(|(path, _)| path.to_owned())

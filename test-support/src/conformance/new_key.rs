@@ -6,12 +6,12 @@
 use idempotency_coordinator::proto;
 use tokio_postgres::Client;
 
+use super::Backend;
 use super::shape::{Answer, Shape, answer_and_row};
 use super::{
     FINGERPRINTS, Servers, Tally, acquire_with, assert_one_writer_per_node, batched_beside,
     companion_complete, gated_servers,
 };
-use crate::backend::{self, Database};
 use crate::helpers::*;
 
 const REFERENCE: &str = "idempotency_acquire";
@@ -71,7 +71,7 @@ async fn group_commit(
     gated: &TestServer,
     path: &str,
     gate: &Gate,
-    db: &Database,
+    db: &impl Backend,
 ) -> Vec<(Answer, Shape)> {
     let path = path.replace(' ', "-");
     let companion_key = format!("companion-new-{path}");
@@ -121,9 +121,8 @@ fn compare(tally: &mut Tally, case: &str, expected: &Answer, (answer, record): &
     tally.compare(&case, REFERENCE, &expected.record.as_ref(), &Some(record));
 }
 
-#[tokio::test]
-async fn a_new_key_gets_the_same_first_lease_on_every_path() {
-    let Some(db) = backend::database().await else {
+pub async fn a_new_key_gets_the_same_first_lease_on_every_path<B: Backend>() {
+    let Some(db) = B::create().await else {
         return;
     };
     let mut sql = db.connect().await;
