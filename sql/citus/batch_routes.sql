@@ -158,11 +158,12 @@ $$;
 
 -- A new key's record, in the table of p_shard where this node holds the
 -- key's shard (the shard's prepared statement), else in the distributed
--- table, as of p_now (the clock read after the batch found no row): the
--- record, or NULL when another transaction created it meanwhile and
--- idempotency_acquire must decide. The token and fencing token are drawn
--- into variables before the INSERT (above). Like every step below, it runs
--- within idempotency_call_batch_at, whose plan_cache_mode holds here too.
+-- table by idempotency_create_alone, as of p_now (the clock read after the
+-- batch found no row): the record, or NULL when another transaction
+-- created it meanwhile and idempotency_acquire must decide. The token and
+-- fencing token are drawn here and sent to the shard's statement as values
+-- (above). Like every step below, it runs within idempotency_call_batch_at,
+-- whose plan_cache_mode holds here too.
 CREATE OR REPLACE FUNCTION idempotency_create_at(
     p_shard        bigint,
     p_tenant       text,
@@ -181,29 +182,17 @@ DECLARE
     r           idempotency_keys;
     v_retention interval := p_retention_ms * interval '1 millisecond';
     v_lease     interval := p_lease_ms * interval '1 millisecond';
-    v_token     uuid := gen_random_uuid();
-    v_fencing   bigint := nextval('idempotency_fencing');
 BEGIN
-    IF p_shard IS NOT NULL THEN
-        EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L, %L, %L, %L, %L, %L, %L)',
-                       'idempotency_ins_' || p_shard, p_tenant, p_scope, p_key,
-                       p_fingerprint, p_max_attempts, v_retention, v_token,
-                       p_request_id, p_now + v_lease, v_fencing, p_now,
-                       p_now + greatest(v_retention, v_lease)) INTO r;
-        RETURN r;
+    IF p_shard IS NULL THEN
+        RETURN idempotency_create_alone(p_tenant, p_scope, p_key, p_fingerprint,
+                                        p_request_id, p_lease_ms, p_max_attempts,
+                                        p_retention_ms, p_now);
     END IF;
-    INSERT INTO idempotency_keys (
-        tenant, scope, idempotency_key, status, fingerprint,
-        attempt_count, max_attempts, retention,
-        lease_token, lease_request_id, lease_expires_at, fencing_token,
-        created_at, updated_at, expires_at)
-    VALUES (
-        p_tenant, p_scope, p_key, 'PROCESSING', p_fingerprint,
-        1, p_max_attempts, v_retention,
-        v_token, p_request_id, p_now + v_lease, v_fencing,
-        p_now, p_now, p_now + greatest(v_retention, v_lease))
-    ON CONFLICT (tenant, scope, idempotency_key) DO NOTHING
-    RETURNING * INTO r;
+    EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L, %L, %L, %L, %L, %L, %L)',
+                   'idempotency_ins_' || p_shard, p_tenant, p_scope, p_key,
+                   p_fingerprint, p_max_attempts, v_retention, gen_random_uuid(),
+                   p_request_id, p_now + v_lease, nextval('idempotency_fencing'), p_now,
+                   p_now + greatest(v_retention, v_lease)) INTO r;
     RETURN r;
 END;
 $$;
