@@ -31,9 +31,6 @@ use super::{Asks, Door, DoorError, Media, json_response, parse_json};
 use crate::proto::{self, Decision};
 use crate::transport::{HttpBody, OpenCall};
 
-/// Paths of the Coordinator's methods start with this.
-pub const SERVICE_PREFIX: &str = "/idempotency.v1.Coordinator/";
-
 /// The preference that asks for the gateway mapping of decisions.
 pub const PREFER_HTTP_STATUS: &str = "idempotency-http-status";
 

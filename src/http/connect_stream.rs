@@ -31,9 +31,10 @@ use prost_reflect::MessageDescriptor;
 use serde_json::{Map, Value, json};
 use tonic::Status;
 
-use super::connect::{SERVICE_PREFIX, connect_timeout, error_json};
+use super::connect::{connect_timeout, error_json};
 use super::discard::discard;
 use super::events::{message_json, next_message};
+use super::inprocess::SERVICE_PREFIX;
 use super::json::Schema;
 use super::{Asks, Door, DoorError, HeldBody, MAX_JSON_VALUES, Media, failed, parse_json};
 use crate::auth::Caller;

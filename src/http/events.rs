@@ -19,7 +19,8 @@ use hyper::body::Incoming;
 use prost_reflect::MessageDescriptor;
 use tonic::Status;
 
-use super::connect::{Codec, SERVICE_PREFIX, codec, connect_timeout, error_json};
+use super::connect::{Codec, codec, connect_timeout, error_json};
+use super::inprocess::SERVICE_PREFIX;
 use super::json::Schema;
 use super::{Asks, Door, DoorError, Media, failed, parse_json};
 use crate::transport::{HttpBody, OpenCall};

@@ -15,11 +15,13 @@ use http_body_util::Full;
 use tonic::{Code, Status};
 
 use super::Door;
-use super::connect::SERVICE_PREFIX;
 use crate::auth::Caller;
 use crate::proto::{self, coordinator_server::Coordinator as _};
 use crate::service::CoordinatorService;
 use crate::transport::{FromHttpPort, OpenCall};
+
+/// Paths of the Coordinator's methods start with this.
+pub const SERVICE_PREFIX: &str = "/idempotency.v1.Coordinator/";
 
 impl Door {
     /// Makes one unary call through admission's typed entry

@@ -258,7 +258,7 @@ impl Door {
         let path = request.uri().path().to_owned();
         let method = request.method().clone();
         if let Err(e) = well_formed(&request) {
-            return match path.starts_with(connect::SERVICE_PREFIX) {
+            return match path.starts_with(inprocess::SERVICE_PREFIX) {
                 true => connect::refuse(&self, &e),
                 false => workflow::refuse(&self, &e),
             };
@@ -270,7 +270,7 @@ impl Door {
         if console {
             return console::serve(&self, request, call).await;
         }
-        if let Some(rpc) = path.strip_prefix(connect::SERVICE_PREFIX) {
+        if let Some(rpc) = path.strip_prefix(inprocess::SERVICE_PREFIX) {
             // The streaming methods in Connect's streaming protocol (asked
             // for by its content types) or as Server-Sent Events, the rest
             // in Connect's unary shape; all answer errors in Connect's JSON.

@@ -12,7 +12,7 @@ use super::query::{Query, link};
 use super::session::{self, Session};
 use super::{CALL_TIMEOUT, logins, pages, refused, sessions, watch_request};
 use crate::domain::operator_name;
-use crate::http::connect::SERVICE_PREFIX;
+use crate::http::inprocess::SERVICE_PREFIX;
 use crate::http::{Asks, Door};
 use crate::metrics;
 use crate::proto;
