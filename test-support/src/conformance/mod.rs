@@ -29,8 +29,8 @@
 //!
 //! The matrix is generic over where it runs ([`Backend`]): the API suite
 //! runs it on one PostgreSQL (`tests/api/conformance.rs`), the Citus suite
-//! on a Citus cluster (`tests/citus/conformance.rs`), each test a line
-//! there.
+//! on a Citus cluster (`tests/citus/conformance.rs`), each by invoking
+//! [`conformance_tests!`](crate::conformance_tests) with its database.
 
 pub mod acquire;
 mod backend;
@@ -430,4 +430,42 @@ impl Tally {
             self.disagreements.join("\n")
         );
     }
+}
+
+/// The matrix's tests on the database `$backend` (a [`Backend`]), each a
+/// `#[tokio::test]` of the suite that invokes it: a suite's
+/// `conformance.rs` is this one line.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($backend:ty) => {
+        #[tokio::test]
+        async fn every_path_answers_what_idempotency_acquire_answers() {
+            $crate::conformance::acquire::every_path_answers_what_idempotency_acquire_answers::<
+                $backend,
+            >()
+            .await;
+        }
+
+        #[tokio::test]
+        async fn sql_cuts_error_texts_where_the_server_does() {
+            $crate::conformance::acquire::sql_cuts_error_texts_where_the_server_does::<$backend>()
+                .await;
+        }
+
+        #[tokio::test]
+        async fn a_new_key_gets_the_same_first_lease_on_every_path() {
+            $crate::conformance::new_key::a_new_key_gets_the_same_first_lease_on_every_path::<
+                $backend,
+            >()
+            .await;
+        }
+
+        #[tokio::test]
+        async fn complete_leaves_the_same_record_alone_or_in_a_group_commit() {
+            $crate::conformance::complete::complete_leaves_the_same_record_alone_or_in_a_group_commit::<
+                $backend,
+            >()
+            .await;
+        }
+    };
 }
