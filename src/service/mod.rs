@@ -149,22 +149,17 @@ impl CoordinatorService {
 
 /// A parked Acquire: see [`CoordinatorService::park`]. Its future is what
 /// a waiting call holds for its whole window.
-#[expect(
-    clippy::manual_async_fn,
-    reason = "an async fn's future would hold the command twice"
-)]
 fn parked(
     store: Arc<Store>,
     subscription: Subscription,
     cmd: AcquireCommand,
     window: Duration,
 ) -> impl std::future::Future<Output = Result<proto::AcquireResponse, Status>> + Send {
-    async move {
-        let acquired = wait::acquire(&store, subscription, &cmd, window).await;
+    wait::acquire(store, subscription, cmd, window, |store, cmd, acquired| {
         acquired
-            .map(|acquired| answered(store.metrics(), &cmd, acquired))
+            .map(|acquired| answered(store.metrics(), cmd, acquired))
             .map_err(|e| Status::from(Error::from_store(e, store.metrics())))
-    }
+    })
 }
 
 /// An Acquire's decision as its answer, counted and traced.
@@ -471,12 +466,11 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_parked_acquire_fits_in_768_bytes() {
-        // Ten thousand of these are the server's memory; 768 bytes is one of
-        // jemalloc's size classes (README, Memory). Besides the command and
-        // the wait's state (640 bytes when the handler's future held them),
-        // it keeps the store's handle; the answer's body holds it boxed,
-        // as it is.
+    async fn a_parked_acquire_fits_in_640_bytes() {
+        // Ten thousand of these are the server's memory; 640 bytes is one of
+        // jemalloc's size classes (docs/performance.md, Memory): the command,
+        // the subscription, the store's handle and the sleeping state, each
+        // once. The answer's body holds it boxed, as it is.
         let service = service();
         let request = Request::new(proto::AcquireRequest {
             scope: "s".into(),
@@ -493,7 +487,7 @@ mod tests {
         let store = Arc::clone(&service.parked_store);
         let waiter = parked(store, subscription, cmd, window);
         let size = std::mem::size_of_val(&waiter);
-        assert!(size <= 768, "a parked Acquire's future is {size} bytes");
+        assert!(size <= 640, "a parked Acquire's future is {size} bytes");
     }
 
     #[test]

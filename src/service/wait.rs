@@ -4,6 +4,7 @@
 //! holding no database connection while they sleep.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -41,36 +42,40 @@ pub fn window(asked: Duration, deadline: Option<Duration>) -> Duration {
 const RETRY_AFTER_UNAVAILABLE: Duration = Duration::from_millis(250);
 
 /// Acquire, and while the answer is IN_PROGRESS wait (up to `window`) for
-/// the record to change or its lease to run out, then decide again.
+/// the record to change or its lease to run out, then decide again; the
+/// result is handed to `answer` with the store and the command.
 ///
 /// A caller that asked to wait is prepared to wait its window for a database
 /// connection too, so a burst of waiters queues for the pool rather than
 /// failing (a database that refuses connections still fails fast). The
 /// first decision's errors are the caller's; once waiting, a database that
 /// fails to answer is asked again until the window ends.
-pub fn acquire<'a>(
-    store: &'a Store,
+pub fn acquire<F, T>(
+    store: Arc<Store>,
     mut subscription: Subscription,
-    cmd: &'a AcquireCommand,
+    cmd: AcquireCommand,
     window: Duration,
-) -> impl Future<Output = Result<Acquired, StoreError>> + 'a {
+    answer: F,
+) -> impl Future<Output = T> + Send
+where
+    F: FnOnce(&Store, &AcquireCommand, Result<Acquired, StoreError>) -> T + Send,
+    T: Send,
+{
     // This future lives as long as the caller waits, once per waiting call,
-    // and is as big as its biggest state. Hence a block, not an `async fn`
-    // (which would keep its arguments twice), the shared read's future boxed
-    // (only its short run pays for its size), and a sleeping state that keeps
-    // just what it compares.
+    // and is as big as its biggest state. Hence it owns what it keeps (a
+    // caller's block around it would keep its arguments twice), the
+    // decision's and the shared read's futures are boxed (only their short
+    // run pays for their size), and its sleeping state keeps just what it
+    // compares.
     let end = Instant::now() + window;
     async move {
         let mut waiting = false;
-        loop {
+        let decided = 'decided: loop {
             let (mut next_check, mut held) = {
                 let left = end.saturating_duration_since(Instant::now());
-                match store
-                    .acquire(cmd, left, connect_wait(store, end, cmd))
-                    .await
-                {
+                match Box::pin(store.acquire(&cmd, left, connect_wait(&store, end, &cmd))).await {
                     Ok(acquired) if acquired.decision != Decision::InProgress || left.is_zero() => {
-                        return Ok(acquired);
+                        break 'decided Ok(acquired);
                     }
                     // The holder's lease ends after retry_after: then the key
                     // can be taken over, so decide again at that moment.
@@ -78,11 +83,13 @@ pub fn acquire<'a>(
                         Instant::now() + acquired.retry_after.unwrap_or(left),
                         Some(Held::of(&acquired.record)),
                     ),
+                    // Once waiting, a database that fails to answer is asked
+                    // again until the window ends.
                     Err(StoreError::Unavailable(e)) if waiting && !left.is_zero() => {
                         tracing::debug!(error = %cause_chain(e.as_ref()), "waiter: database unavailable; asking again");
                         (Instant::now() + RETRY_AFTER_UNAVAILABLE, None)
                     }
-                    Err(e) => return Err(e),
+                    Err(e) => break 'decided Err(e),
                 }
             };
             waiting = true;
@@ -96,11 +103,11 @@ pub fn acquire<'a>(
                 }
                 let Some(current) = held.take() else { break };
                 let seen = Box::pin(subscription.read_shared(Some(current.updated_at), || {
-                    store.get(&cmd.id, connect_wait(store, end, cmd))
+                    store.get(&cmd.id, connect_wait(&store, end, &cmd))
                 }))
                 .await;
-                match classify(seen, current, cmd) {
-                    Seen::Done(acquired) => return Ok(*acquired),
+                match classify(seen, current, &cmd) {
+                    Seen::Done(acquired) => break 'decided Ok(*acquired),
                     Seen::StillHeld {
                         held: now,
                         extended_by,
@@ -111,7 +118,8 @@ pub fn acquire<'a>(
                     Seen::Decide => break,
                 }
             }
-        }
+        };
+        answer(&store, &cmd, decided)
     }
 }
 
