@@ -156,7 +156,7 @@ async fn database(client: &tokio_postgres::Client) -> Option<Database> {
 }
 
 /// The page of a replica's `--metrics-listen` address (`host:port`).
-async fn scrape(address: &str) -> Option<String> {
+pub(crate) async fn scrape(address: &str) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
     let request = format!("GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n");

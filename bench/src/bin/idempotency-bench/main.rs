@@ -152,7 +152,9 @@ struct Args {
     #[arg(long)]
     server_pid: Vec<u32>,
     /// A replica's `--metrics-listen` address (host:port; repeat it for
-    /// replicas): timed scenarios then report the size of its batches.
+    /// replicas): timed scenarios then report the size of its batches, and
+    /// `wait` reads the first one's memory once its gauge shows every
+    /// waiter parked (without it, 2 s after they were sent).
     #[arg(long)]
     metrics: Vec<String>,
     /// The database `limit` runs pgbench against (created if missing).

@@ -85,6 +85,36 @@ pub(crate) async fn cycle_beside_waiters(args: &Args, clients: &[Client], run: &
     )
 }
 
+/// Returns once every waiter is parked on the first server: read from its
+/// `waiters_parked` gauge (with `--metrics`, within 60 s, then a second
+/// more for the allocator to hand back what the burst of arrivals freed,
+/// which it does within half a second), or after 2 s without it.
+async fn parked(args: &Args) {
+    let Some(address) = args.metrics.first() else {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        return;
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let page = crate::cost::scrape(address).await.unwrap_or_default();
+        let parked = page
+            .lines()
+            .find_map(|line| line.strip_prefix("idempotency_waiters_parked "))
+            .and_then(|value| value.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if parked >= args.waiters as f64 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {parked} of {} waiters parked within 60 s",
+            args.waiters
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+}
+
 /// Returns the first server's resident memory, in MiB, while every waiter
 /// was parked (with `--server-pid`).
 pub(crate) async fn wait_release(args: &Args, clients: &[Client], run: &str) -> Option<f64> {
@@ -103,8 +133,7 @@ pub(crate) async fn wait_release(args: &Args, clients: &[Client], run: &str) -> 
             })
         })
         .collect();
-    // Let every waiter reach the server and park.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    parked(args).await;
     let rss = args.server_pid.first().copied().and_then(resident_mib);
     if let Some(rss) = rss {
         println!(
