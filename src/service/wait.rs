@@ -63,17 +63,19 @@ where
 {
     // This future lives as long as the caller waits, once per waiting call,
     // and is as big as its biggest state. Hence it owns what it keeps (a
-    // caller's block around it would keep its arguments twice), the
-    // decision's and the shared read's futures are boxed (only their short
-    // run pays for their size), and its sleeping state keeps just what it
-    // compares.
+    // caller's block around it would keep its arguments twice), the shared
+    // read's future is boxed (only its short run pays for its size), and
+    // its sleeping state, the biggest, keeps just what it compares.
     let end = Instant::now() + window;
     async move {
         let mut waiting = false;
         let decided = 'decided: loop {
             let (mut next_check, mut held) = {
                 let left = end.saturating_duration_since(Instant::now());
-                match Box::pin(store.acquire(&cmd, left, connect_wait(&store, end, &cmd))).await {
+                match store
+                    .acquire(&cmd, left, connect_wait(&store, end, &cmd))
+                    .await
+                {
                     Ok(acquired) if acquired.decision != Decision::InProgress || left.is_zero() => {
                         break 'decided Ok(acquired);
                     }
