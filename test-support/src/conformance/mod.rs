@@ -438,34 +438,19 @@ impl Tally {
 #[macro_export]
 macro_rules! conformance_tests {
     ($backend:ty) => {
-        #[tokio::test]
-        async fn every_path_answers_what_idempotency_acquire_answers() {
-            $crate::conformance::acquire::every_path_answers_what_idempotency_acquire_answers::<
-                $backend,
-            >()
-            .await;
-        }
-
-        #[tokio::test]
-        async fn sql_cuts_error_texts_where_the_server_does() {
-            $crate::conformance::acquire::sql_cuts_error_texts_where_the_server_does::<$backend>()
-                .await;
-        }
-
-        #[tokio::test]
-        async fn a_new_key_gets_the_same_first_lease_on_every_path() {
-            $crate::conformance::new_key::a_new_key_gets_the_same_first_lease_on_every_path::<
-                $backend,
-            >()
-            .await;
-        }
-
-        #[tokio::test]
-        async fn complete_leaves_the_same_record_alone_or_in_a_group_commit() {
-            $crate::conformance::complete::complete_leaves_the_same_record_alone_or_in_a_group_commit::<
-                $backend,
-            >()
-            .await;
-        }
+        $crate::conformance_tests!(@each $backend;
+            acquire::every_path_answers_what_idempotency_acquire_answers,
+            acquire::sql_cuts_error_texts_where_the_server_does,
+            new_key::a_new_key_gets_the_same_first_lease_on_every_path,
+            complete::complete_leaves_the_same_record_alone_or_in_a_group_commit,
+        );
+    };
+    (@each $backend:ty; $($module:ident :: $name:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $name() {
+                $crate::conformance::$module::$name::<$backend>().await;
+            }
+        )*
     };
 }
