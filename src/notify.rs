@@ -396,11 +396,7 @@ impl Subscription {
     /// short interval while the listener is down.
     pub async fn changed(&mut self) {
         let _parked = Parked::new(&self.hub.parked);
-        // Not `Changes::changed`: a waiter holds this future while it
-        // sleeps, and each future around another adds to its size.
-        if self.changes.0.changed().await.is_err() {
-            std::future::pending::<()>().await;
-        }
+        self.changes.changed().await;
     }
 }
 
