@@ -24,8 +24,9 @@
 //!   them. No statement naming the shard may run but the batch's own
 //!   prepared ones (`idempotency_keys_<shard id> AS k`).
 //!
-//! Per call would be one plan per run; the test allows a tenth of that for
-//! the sessions whose caches other tests' catalog changes reset (below).
+//! Per call would be one plan per run, in every round; the test allows a
+//! tenth of that, and takes the best of a few rounds, for the sessions whose
+//! caches other tests' catalog changes reset ([`ROUNDS`]).
 
 use std::collections::HashMap;
 
@@ -38,8 +39,8 @@ use crate::harness::CitusDatabase;
 use crate::helpers::*;
 use crate::placement::place;
 
-/// Cycles measured, half alone and half in batches; each server runs as
-/// many before (so that each session it opened has run each statement on
+/// Cycles measured in a round, half alone and half in batches; each server
+/// runs as many before (so that each session it opened has run each statement on
 /// the shard past PostgreSQL's five custom plans).
 const CYCLES: usize = 50;
 
@@ -131,18 +132,22 @@ async fn a_worker_plans_nothing_per_call_once_its_sessions_have_run() {
     .await;
     // Keys of one shard: the most keys of a few thousand fall in.
     let mut by_shard: HashMap<i64, (u16, Vec<String>)> = HashMap::new();
-    for (key, shard, port) in place(&db, 5000).await {
+    for (key, shard, port) in place(&db, 10_000).await {
         by_shard
             .entry(shard)
             .or_insert((port, Vec::new()))
             .1
             .push(key);
     }
-    let (port, mut keys) = by_shard
+    let (port, keys) = by_shard
         .into_values()
         .max_by_key(|(_, keys)| keys.len())
         .expect("placed keys");
-    assert!(keys.len() >= 2 * CYCLES, "{} keys in the shard", keys.len());
+    assert!(
+        keys.len() >= (1 + ROUNDS) * CYCLES,
+        "{} keys in the shard",
+        keys.len()
+    );
     // Created on the coordinator node, which creates it on every node.
     db.connect()
         .await
@@ -151,39 +156,50 @@ async fn a_worker_plans_nothing_per_call_once_its_sessions_have_run() {
         .expect("pg_stat_statements on every node");
     let worker = db.connect_worker(port).await;
 
-    let measured = keys.split_off(CYCLES);
     let half = CYCLES / 2;
-    cycles(&alone, &keys[..half], 1).await;
-    cycles(&batched, &keys[half..], 5).await;
-    worker
-        .execute("SELECT pg_stat_statements_reset()", &[])
-        .await
-        .expect("reset pg_stat_statements");
-    cycles(&alone, &measured[..half], 1).await;
-    cycles(&batched, &measured[half..CYCLES], 5).await;
-    let (calls, plans, shard_calls) = counts(&worker).await;
-    let seen = dump(&worker).await;
-
-    // Each cycle runs at least three statements on the table (the read,
-    // the INSERT, the locked read before the success).
-    assert!(
-        calls >= 3 * CYCLES as i64,
-        "the worker's statistics saw {calls} statements of {CYCLES} cycles:\n{seen}"
-    );
-    // Planned per call would be one plan per run. A few are allowed: the
-    // cluster is shared with the suite's other tests, whose databases and
-    // tables are catalog changes on every node; a session that falls far
-    // enough behind them has all its caches reset, cached plans included,
-    // and plans its statements once more.
-    assert!(
-        plans * PER_CALL_IF_OVER <= calls,
-        "the functions' statements were planned {plans} times in {calls} runs:\n{seen}"
-    );
-    assert!(
-        shard_calls * PER_CALL_IF_OVER <= calls,
-        "{shard_calls} runs of shard statements planned from their text:\n{seen}"
+    let mut rounds = keys.chunks_exact(CYCLES);
+    let warm_up = rounds.next().expect("keys to warm up");
+    cycles(&alone, &warm_up[..half], 1).await;
+    cycles(&batched, &warm_up[half..], 5).await;
+    let mut disturbed = Vec::new();
+    for measured in rounds.take(ROUNDS) {
+        worker
+            .execute("SELECT pg_stat_statements_reset()", &[])
+            .await
+            .expect("reset pg_stat_statements");
+        cycles(&alone, &measured[..half], 1).await;
+        cycles(&batched, &measured[half..], 5).await;
+        let (calls, plans, shard_calls) = counts(&worker).await;
+        let seen = dump(&worker).await;
+        // Each cycle runs at least three statements on the table (the
+        // read, the INSERT, the locked read before the success).
+        assert!(
+            calls >= 3 * CYCLES as i64,
+            "the worker's statistics saw {calls} statements of {CYCLES} cycles:\n{seen}"
+        );
+        // Planned per call would be one plan per run, in every round.
+        if plans * PER_CALL_IF_OVER <= calls && shard_calls * PER_CALL_IF_OVER <= calls {
+            return;
+        }
+        eprintln!(
+            "a round of {CYCLES} cycles: {plans} plans and {shard_calls} shard statements \
+             planned from text in {calls} runs:\n{seen}"
+        );
+        disturbed.push((calls, plans, shard_calls));
+    }
+    panic!(
+        "planned per call in every round (runs, plans, shard statements planned from text): \
+         {disturbed:?}; each round's statistics are above"
     );
 }
+
+/// Rounds measured. The cluster is shared with the suite's other tests,
+/// whose databases, extensions and tables are catalog changes on every
+/// node: a session that falls far enough behind them has all its caches
+/// reset, cached plans included, and plans its statements once more, so a
+/// round run while other tests create databases can see a burst of plans.
+/// Planning per call shows in every round; such a burst does not.
+const ROUNDS: usize = 3;
 
 /// Plans (or shard statements planned from text) over this share of the
 /// runs mean some statement is planned per call.
