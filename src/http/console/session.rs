@@ -109,10 +109,6 @@ impl Session {
     /// The session of a request; otherwise the answer to give: the login
     /// page for a missing, ended or revoked session, a refusal for a
     /// credential that is no longer an admin's.
-    #[expect(
-        clippy::result_large_err,
-        reason = "the error is the answer itself, built once per refused request"
-    )]
     pub(super) fn of(door: &Door, headers: &HeaderMap) -> Result<Session, Response<HttpBody>> {
         let auth_on = door.auth.is_on();
         let id = cookie_value(headers, SESSION_COOKIE).filter(|id| !id.is_empty());
