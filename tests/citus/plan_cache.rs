@@ -40,8 +40,8 @@ use crate::helpers::*;
 use crate::placement::place;
 
 /// Cycles measured in a round, half alone and half in batches; each server
-/// runs as many before (so that each session it opened has run each statement on
-/// the shard past PostgreSQL's five custom plans).
+/// runs as many before (so that each session it opened has run each
+/// statement on the shard past PostgreSQL's five custom plans).
 const CYCLES: usize = 50;
 
 /// A cycle on `key` through a server's client: a new lease, then its
@@ -130,7 +130,7 @@ async fn a_worker_plans_nothing_per_call_once_its_sessions_have_run() {
         c.store.batch_workers = Some(1);
     })
     .await;
-    // Keys of one shard: the most keys of a few thousand fall in.
+    // Keys of one shard: the one most of ten thousand keys fall in.
     let mut by_shard: HashMap<i64, (u16, Vec<String>)> = HashMap::new();
     for (key, shard, port) in place(&db, 10_000).await {
         by_shard
