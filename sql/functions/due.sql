@@ -10,7 +10,8 @@
 -- SQL, IMMUTABLE and given plain columns, so that PostgreSQL inlines it
 -- into the query that calls it: the query is planned as if the condition
 -- were written there (the partial indexes idempotency_keys_retries and
--- idempotency_keys_leases still serve it), and nothing is called per row.
+-- idempotency_keys_processing still serve it), and nothing is called per
+-- row.
 CREATE OR REPLACE FUNCTION idempotency_is_due(
     p_status           text,
     p_next_retry_at    timestamptz,

@@ -7,16 +7,24 @@
 -- p_tenant (NULL: every tenant), as of p_now:
 --
 -- 1. At most p_expired_limit rows past expires_at are deleted: settled ones
---    through idempotency_keys_settled_expiry, then PROCESSING ones (rare: a
---    lease runs out before its record expires, and the sweeper reclaims it
---    first) through idempotency_keys_leases
---    (sql/migrations/0003_less_wal_per_cycle.sql).
+--    through idempotency_keys_settled_expiry, oldest first, then
+--    PROCESSING ones (rare: a lease runs out before its record expires,
+--    and the sweeper reclaims it first).
 -- 2. At most p_lease_limit PROCESSING rows whose lease ran out become
 --    FAILED, due now (the abandoned attempt counts), or FAILED_PERMANENT
 --    when no attempts are left. The lease token stays, so a late Complete
 --    from that holder is still honoured as long as nobody takes over.
 --    Watchers are notified, and the row's scope is announced on
 --    'idempotency_due' for WatchDue.
+--
+-- PROCESSING rows are found through idempotency_keys_processing (tenant,
+-- scope, lease_expires_at; PROCESSING records only), in its order: each
+-- scope's leases that ran out first, the lease's end checked in the index
+-- entry, up to the limit: a reclaim reads what it takes and, at most, the
+-- leases still running, as many as the work in flight. A sort by the
+-- lease's end over every scope would sort every lease that ran out, after
+-- an outage the whole backlog, for each batch
+-- (sql/migrations/0007_one_index_of_leases.sql).
 --
 -- Rows another transaction has locked are skipped (SKIP LOCKED): Acquire and
 -- Complete never wait for the sweeper, and two sweepers never take the same
@@ -70,14 +78,14 @@ BEGIN
                    v_settled) || format(v_delete, p_rel)
        USING p_now, p_tenant, p_expired_limit;
     GET DIAGNOSTICS expired_deleted = ROW_COUNT;
-    EXECUTE format('WITH victims AS (%s ORDER BY k.lease_expires_at LIMIT $3 FOR UPDATE SKIP LOCKED),
+    EXECUTE format('WITH victims AS (%s LIMIT $3 FOR UPDATE SKIP LOCKED),
                          deleted AS (%s RETURNING 1)
                     SELECT $4 + count(*) FROM deleted', v_lapsed, format(v_delete, p_rel))
        INTO expired_deleted USING p_now, p_tenant, p_expired_limit - expired_deleted, expired_deleted;
 
     leases_reclaimed := 0;
     FOR r IN EXECUTE format(
-        'WITH dead AS (%2$s ORDER BY k.lease_expires_at LIMIT $3 FOR UPDATE SKIP LOCKED)
+        'WITH dead AS (%2$s LIMIT $3 FOR UPDATE SKIP LOCKED)
         UPDATE %1$s k SET
             status = CASE WHEN k.attempt_count >= k.max_attempts
                           THEN ''FAILED_PERMANENT'' ELSE ''FAILED'' END,

@@ -97,6 +97,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "processing_by_tenant_and_scope",
         sql: include_str!("../../sql/migrations/0006_processing_by_tenant_and_scope.sql"),
     },
+    Migration {
+        version: 7,
+        name: "one_index_of_leases",
+        sql: include_str!("../../sql/migrations/0007_one_index_of_leases.sql"),
+    },
 ];
 
 /// One file of functions, applied again whenever its contents change.

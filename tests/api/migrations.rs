@@ -45,6 +45,11 @@ const RELEASED: &[(i32, &str, &str)] = &[
         "processing_by_tenant_and_scope",
         "4b41e8d03effa2e3202215a8e654193181a9036174fdb26fbb7f2a1c3d2b7769",
     ),
+    (
+        7,
+        "one_index_of_leases",
+        "88417e1b987a67417e137402f4506bff7f62947e3b5b2f503fdc08cceee779f6",
+    ),
 ];
 
 #[test]
