@@ -20,11 +20,11 @@
 -- PROCESSING rows are found through idempotency_keys_processing (tenant,
 -- scope, lease_expires_at; PROCESSING records only), in its order: each
 -- scope's leases that ran out first, the lease's end checked in the index
--- entry, up to the limit: a reclaim reads what it takes and, at most, the
--- leases still running, as many as the work in flight. A sort by the
--- lease's end over every scope would sort every lease that ran out, after
--- an outage the whole backlog, for each batch
--- (sql/migrations/0007_one_index_of_leases.sql).
+-- entry. Each statement stops at its limit, so a batch reads about what it
+-- takes and, at most, the leases still running, as many as the work in
+-- flight; after an outage, not the whole backlog of leases that ran out (a
+-- sort by the lease's end over every scope would read it for each batch:
+-- sql/migrations/0007_one_index_of_leases.sql).
 --
 -- Rows another transaction has locked are skipped (SKIP LOCKED): Acquire and
 -- Complete never wait for the sweeper, and two sweepers never take the same
@@ -49,10 +49,17 @@ DECLARE
         'SELECT k.tenant, k.scope, k.idempotency_key FROM %s k
           WHERE k.status <> ''PROCESSING'' AND k.expires_at <= $1
             AND ($2 IS NULL OR k.tenant = $2)', p_rel);
+    -- The lapsed are looked for among the first $3 + $5 rows whose lease ran
+    -- out (%%s: how they are locked), $3 the deletions left, $5 the lease
+    -- limit: either that many hold $3 lapsed, or more than $5 are for the
+    -- reclaim below, so nothing this batch could do is missed, and a
+    -- backlog of leases that ran out is not read to find none lapsed.
     v_lapsed  text := format(
-        'SELECT k.tenant, k.scope, k.idempotency_key FROM %s k
-          WHERE k.status = ''PROCESSING'' AND k.lease_expires_at <= $1
-            AND k.expires_at <= $1 AND ($2 IS NULL OR k.tenant = $2)', p_rel);
+        'SELECT r.tenant, r.scope, r.idempotency_key FROM (
+            SELECT k.tenant, k.scope, k.idempotency_key, k.expires_at FROM %s k
+             WHERE k.status = ''PROCESSING'' AND k.lease_expires_at <= $1
+               AND ($2 IS NULL OR k.tenant = $2) LIMIT $3::bigint + $5 %%s) r
+          WHERE r.expires_at <= $1', p_rel);
     v_dead    text := format(
         'SELECT k.tenant, k.scope, k.idempotency_key FROM %s k
           WHERE k.status = ''PROCESSING'' AND k.lease_expires_at <= $1
@@ -67,8 +74,8 @@ BEGIN
     IF p_dry_run THEN
         EXECUTE format('SELECT least($3, (SELECT count(*) FROM (%s LIMIT $3) x)
                                          + (SELECT count(*) FROM (%s LIMIT $3) x))',
-                       v_settled, v_lapsed)
-           INTO expired_deleted USING p_now, p_tenant, p_expired_limit;
+                       v_settled, format(v_lapsed, ''))
+           INTO expired_deleted USING p_now, p_tenant, p_expired_limit, 0, p_lease_limit;
         EXECUTE format('SELECT count(*) FROM (%s LIMIT $3) x', v_dead)
            INTO leases_reclaimed USING p_now, p_tenant, p_lease_limit;
         RETURN;
@@ -78,10 +85,12 @@ BEGIN
                    v_settled) || format(v_delete, p_rel)
        USING p_now, p_tenant, p_expired_limit;
     GET DIAGNOSTICS expired_deleted = ROW_COUNT;
-    EXECUTE format('WITH victims AS (%s LIMIT $3 FOR UPDATE SKIP LOCKED),
+    EXECUTE format('WITH victims AS (%s LIMIT $3),
                          deleted AS (%s RETURNING 1)
-                    SELECT $4 + count(*) FROM deleted', v_lapsed, format(v_delete, p_rel))
-       INTO expired_deleted USING p_now, p_tenant, p_expired_limit - expired_deleted, expired_deleted;
+                    SELECT $4 + count(*) FROM deleted',
+                   format(v_lapsed, 'FOR UPDATE SKIP LOCKED'), format(v_delete, p_rel))
+       INTO expired_deleted
+      USING p_now, p_tenant, p_expired_limit - expired_deleted, expired_deleted, p_lease_limit;
 
     leases_reclaimed := 0;
     FOR r IN EXECUTE format(

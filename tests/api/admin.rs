@@ -345,25 +345,6 @@ async fn a_deleted_succeeded_record_is_not_replayed_from_the_cache() {
     assert_eq!(decision(&again), proto::Decision::Proceed);
 }
 
-/// Index entries read since the last call, across the table's indexes, as
-/// PostgreSQL counts them for this session (its statistics flushed first).
-async fn index_entries_read(db: &tokio_postgres::Client) -> i64 {
-    db.execute("SELECT pg_stat_force_next_flush()", &[])
-        .await
-        .unwrap();
-    db.execute("SELECT pg_stat_clear_snapshot()", &[])
-        .await
-        .unwrap();
-    db.query_one(
-        "SELECT sum(idx_tup_read)::bigint FROM pg_stat_user_indexes
-          WHERE relname = 'idempotency_keys'",
-        &[],
-    )
-    .await
-    .unwrap()
-    .get(0)
-}
-
 /// Another tenant's work in flight is not one tenant's cost: with 100,000
 /// PROCESSING records of tenant B (before 0006 the summary read every one
 /// of them through idempotency_keys_leases, 102,222 index entries), tenant

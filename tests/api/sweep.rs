@@ -313,3 +313,96 @@ async fn fencing_tokens_keep_growing_after_the_sweeper_deleted_a_record() {
         "a stale holder of the deleted record can still be refused downstream"
     );
 }
+
+/// `n` PROCESSING records of `scope` whose lease ran out a minute ago and
+/// whose record expires `expires` from now (an interval).
+fn ran_out(scope: &str, n: i32, expires: &str) -> String {
+    format!(
+        "INSERT INTO idempotency_keys (tenant, scope, idempotency_key, fingerprint,
+             created_at, retention, max_attempts, attempt_count, lease_token,
+             lease_request_id, updated_at, expires_at, status, lease_expires_at)
+         SELECT 't', '{scope}', 'k' || i, '', now() - interval '1 hour', '1 day', 5, 1,
+                gen_random_uuid(), '', now() - interval '1 hour', now() + interval '{expires}',
+                'PROCESSING', now() - interval '1 minute'
+           FROM generate_series(1, {n}) i"
+    )
+}
+
+/// One batch of the background sweeper, 100 rows of each kind at most:
+/// (expired records deleted, leases reclaimed).
+async fn sweep_batch_of_100(db: &tokio_postgres::Client) -> (i64, i64) {
+    let row = db
+        .query_one(
+            "SELECT expired_deleted, leases_reclaimed
+               FROM idempotency_sweep_batch(NULL, 100, false, false, 0)",
+            &[],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// After an outage, 20,000 leases that ran out wait to be reclaimed: a
+/// batch of 100 reads about what it takes, not the backlog (looking for
+/// records that expired in progress once read every lease that ran out).
+#[tokio::test]
+async fn a_sweep_batch_reads_what_it_takes_not_the_backlog_of_dead_leases() {
+    let db = TestDatabase::create().await;
+    let mut client = db.connect().await;
+    idempotency_coordinator::store::migrate::migrate(&mut client)
+        .await
+        .expect("migrate");
+    client
+        .batch_execute(&format!(
+            "{}; {}; ANALYZE idempotency_keys",
+            ran_out("a", 10_000, "1 day"),
+            ran_out("b", 10_000, "1 day")
+        ))
+        .await
+        .unwrap();
+
+    let before = index_entries_read(&client).await;
+    assert_eq!(sweep_batch_of_100(&client).await, (0, 100));
+    let read = index_entries_read(&client).await - before;
+    assert!(
+        read < 1_000,
+        "a batch of 100 read {read} index entries (20,000 leases ran out)"
+    );
+}
+
+/// Records that expired in progress, behind 300 leases that ran out in
+/// the index's order, are still deleted, each batch doing all it may.
+#[tokio::test]
+async fn records_that_expired_in_progress_behind_dead_leases_are_deleted() {
+    let db = TestDatabase::create().await;
+    let mut client = db.connect().await;
+    idempotency_coordinator::store::migrate::migrate(&mut client)
+        .await
+        .expect("migrate");
+    client
+        .batch_execute(&format!(
+            "{}; {}",
+            ran_out("a", 300, "1 day"),
+            ran_out("b", 5, "-1 second")
+        ))
+        .await
+        .unwrap();
+
+    let mut batches = Vec::new();
+    loop {
+        let batch = sweep_batch_of_100(&client).await;
+        if batch == (0, 0) {
+            break;
+        }
+        batches.push(batch);
+    }
+    assert_eq!(batches, [(0, 100), (0, 100), (5, 100)]);
+    assert_eq!(
+        statuses(&db)
+            .await
+            .iter()
+            .filter(|(_, s)| s == "FAILED")
+            .count(),
+        300
+    );
+}

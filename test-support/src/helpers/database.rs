@@ -174,3 +174,23 @@ pub async fn statuses(db: &TestDatabase) -> Vec<(String, String)> {
         .map(|r| (r.get(0), r.get(1)))
         .collect()
 }
+
+/// Index entries of `idempotency_keys` read so far, across its indexes, as
+/// PostgreSQL counts them (this session's statistics flushed first): the
+/// difference of two readings is what the statements between them read.
+pub async fn index_entries_read(db: &tokio_postgres::Client) -> i64 {
+    db.execute("SELECT pg_stat_force_next_flush()", &[])
+        .await
+        .unwrap();
+    db.execute("SELECT pg_stat_clear_snapshot()", &[])
+        .await
+        .unwrap();
+    db.query_one(
+        "SELECT sum(idx_tup_read)::bigint FROM pg_stat_user_indexes
+          WHERE relname = 'idempotency_keys'",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
