@@ -40,10 +40,12 @@ $$;
 -- CONFLICT: the fingerprint is fixed for the record's life; IN_PROGRESS
 -- without a wait) come from a plain read, without taking the row lock, so
 -- replays and callers of a busy key never queue behind each other. Every
--- other decision locks the row FOR UPDATE first. When there is no row,
--- INSERT .. ON CONFLICT DO NOTHING lets exactly one of many concurrent
--- callers create it; the others loop, and their next SELECT .. FOR UPDATE
--- waits for the creator's commit and decides on its row.
+-- other decision locks the row FOR UPDATE first. When the plain read
+-- found no row, INSERT .. ON CONFLICT DO NOTHING lets exactly one of many
+-- concurrent callers create it (a new key costs one read and the insert);
+-- the others go on to SELECT .. FOR UPDATE, which waits for the creator's
+-- commit and decides on its row, and loop to the insert while no row is
+-- found (it was deleted meanwhile).
 --
 -- A sharded table accepts this function unchanged (docs/scaling.md): a new
 -- lease's token and fencing token are drawn into variables before the UPDATE
@@ -82,11 +84,13 @@ DECLARE
     v_retention interval := p_retention_ms * interval '1 millisecond';
     v_token     uuid;
     v_fencing   bigint;
+    v_none      boolean;
 BEGIN
     SELECT * INTO r FROM idempotency_keys k
      WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key;
+    v_none := NOT FOUND;
     v_now := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
-    IF FOUND AND r.expires_at > v_now THEN
+    IF NOT v_none AND r.expires_at > v_now THEN
         decision := idempotency_final_decision(r, p_fingerprint);
         IF decision IS NOT NULL THEN
             rec := r;
@@ -102,11 +106,14 @@ BEGIN
     END IF;
 
     LOOP
-        SELECT * INTO r FROM idempotency_keys k
-         WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
-           FOR UPDATE;
-        v_now := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
-        EXIT WHEN FOUND;
+        IF NOT v_none THEN
+            SELECT * INTO r FROM idempotency_keys k
+             WHERE k.tenant = p_tenant AND k.scope = p_scope AND k.idempotency_key = p_key
+               FOR UPDATE;
+            v_now := clock_timestamp() + p_clock_offset_ms * interval '1 millisecond';
+            EXIT WHEN FOUND;
+        END IF;
+        v_none := false;
 
         -- Drawn before the INSERT: a statement with a volatile call inside
         -- is planned anew every time on Citus (docs/scaling.md).
@@ -129,7 +136,7 @@ BEGIN
             RETURN NEXT;
             RETURN;
         END IF;
-        -- Another caller created the row between our SELECT and INSERT.
+        -- Another caller created the row since our read: lock it.
     END LOOP;
 
     RETURN QUERY SELECT * FROM idempotency_acquire_locked(
