@@ -328,6 +328,17 @@ fn ran_out(scope: &str, n: i32, expires: &str) -> String {
     )
 }
 
+/// A database of its own, migrated, with `statements` run in it.
+async fn migrated_with(statements: &[&str]) -> (TestDatabase, tokio_postgres::Client) {
+    let db = TestDatabase::create().await;
+    let mut client = db.connect().await;
+    idempotency_coordinator::store::migrate::migrate(&mut client)
+        .await
+        .expect("migrate");
+    client.batch_execute(&statements.join("; ")).await.unwrap();
+    (db, client)
+}
+
 /// One batch of the background sweeper, 100 rows of each kind at most:
 /// (expired records deleted, leases reclaimed).
 async fn sweep_batch_of_100(db: &tokio_postgres::Client) -> (i64, i64) {
@@ -347,19 +358,12 @@ async fn sweep_batch_of_100(db: &tokio_postgres::Client) -> (i64, i64) {
 /// records that expired in progress once read every lease that ran out).
 #[tokio::test]
 async fn a_sweep_batch_reads_what_it_takes_not_the_backlog_of_dead_leases() {
-    let db = TestDatabase::create().await;
-    let mut client = db.connect().await;
-    idempotency_coordinator::store::migrate::migrate(&mut client)
-        .await
-        .expect("migrate");
-    client
-        .batch_execute(&format!(
-            "{}; {}; ANALYZE idempotency_keys",
-            ran_out("a", 10_000, "1 day"),
-            ran_out("b", 10_000, "1 day")
-        ))
-        .await
-        .unwrap();
+    let (_db, client) = migrated_with(&[
+        &ran_out("a", 10_000, "1 day"),
+        &ran_out("b", 10_000, "1 day"),
+        "ANALYZE idempotency_keys",
+    ])
+    .await;
 
     let before = index_entries_read(&client).await;
     assert_eq!(sweep_batch_of_100(&client).await, (0, 100));
@@ -374,19 +378,8 @@ async fn a_sweep_batch_reads_what_it_takes_not_the_backlog_of_dead_leases() {
 /// the index's order, are still deleted, each batch doing all it may.
 #[tokio::test]
 async fn records_that_expired_in_progress_behind_dead_leases_are_deleted() {
-    let db = TestDatabase::create().await;
-    let mut client = db.connect().await;
-    idempotency_coordinator::store::migrate::migrate(&mut client)
-        .await
-        .expect("migrate");
-    client
-        .batch_execute(&format!(
-            "{}; {}",
-            ran_out("a", 300, "1 day"),
-            ran_out("b", 5, "-1 second")
-        ))
-        .await
-        .unwrap();
+    let (db, client) =
+        migrated_with(&[&ran_out("a", 300, "1 day"), &ran_out("b", 5, "-1 second")]).await;
 
     let mut batches = Vec::new();
     loop {
