@@ -351,11 +351,6 @@ async fn a_deleted_succeeded_record_is_not_replayed_from_the_cache() {
 /// A's summary of its 12 records reads about as many entries as A has.
 #[tokio::test]
 async fn a_summary_reads_none_of_another_tenants_100000_processing_records() {
-    let db = TestDatabase::create().await;
-    let mut client = db.connect().await;
-    idempotency_coordinator::store::migrate::migrate(&mut client)
-        .await
-        .expect("migrate");
     let insert = |tenant: &str, scopes: i32, n: i32, status: &str| {
         format!(
             "INSERT INTO idempotency_keys (tenant, scope, idempotency_key, fingerprint,
@@ -368,15 +363,13 @@ async fn a_summary_reads_none_of_another_tenants_100000_processing_records() {
                FROM generate_series(1, {n}) i"
         )
     };
-    client
-        .batch_execute(&format!(
-            "{}; {}; {}; ANALYZE idempotency_keys",
-            insert("tenant-b", 10, 100_000, "PROCESSING"),
-            insert("tenant-a", 2, 4, "PROCESSING"),
-            insert("tenant-a", 2, 8, "SUCCEEDED"),
-        ))
-        .await
-        .unwrap();
+    let (_db, client) = migrated_with(&[
+        &insert("tenant-b", 10, 100_000, "PROCESSING"),
+        &insert("tenant-a", 2, 4, "PROCESSING"),
+        &insert("tenant-a", 2, 8, "SUCCEEDED"),
+        "ANALYZE idempotency_keys",
+    ])
+    .await;
 
     let before = index_entries_read(&client).await;
     let rows = client

@@ -328,17 +328,6 @@ fn ran_out(scope: &str, n: i32, expires: &str) -> String {
     )
 }
 
-/// A database of its own, migrated, with `statements` run in it.
-async fn migrated_with(statements: &[&str]) -> (TestDatabase, tokio_postgres::Client) {
-    let db = TestDatabase::create().await;
-    let mut client = db.connect().await;
-    idempotency_coordinator::store::migrate::migrate(&mut client)
-        .await
-        .expect("migrate");
-    client.batch_execute(&statements.join("; ")).await.unwrap();
-    (db, client)
-}
-
 /// One batch of the background sweeper, 100 rows of each kind at most:
 /// (expired records deleted, leases reclaimed).
 async fn sweep_batch_of_100(db: &tokio_postgres::Client) -> (i64, i64) {

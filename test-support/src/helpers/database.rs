@@ -194,3 +194,16 @@ pub async fn index_entries_read(db: &tokio_postgres::Client) -> i64 {
     .unwrap()
     .get(0)
 }
+
+/// A database of its own, migrated, with `statements` run in it (records
+/// written straight into the table); keep the database while the client
+/// is used.
+pub async fn migrated_with(statements: &[&str]) -> (TestDatabase, tokio_postgres::Client) {
+    let db = TestDatabase::create().await;
+    let mut client = db.connect().await;
+    idempotency_coordinator::store::migrate::migrate(&mut client)
+        .await
+        .expect("migrate");
+    client.batch_execute(&statements.join("; ")).await.unwrap();
+    (db, client)
+}
