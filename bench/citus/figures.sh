@@ -11,6 +11,9 @@
 #   bash bench/citus/figures.sh [direct|via-coordinator|plain ...] [-- bench args]
 #
 # BIN_DIR (default target/release) is where the two programs are taken from.
+# SHARD_COUNT sets the distributed table's shards (Citus's default, 32), and
+# EXTRA_SQL names a file of SQL run on the coordinator node after the
+# migration (a change to the functions tried without a new build).
 #
 # Modes alternate in the order given (default: direct via-coordinator):
 # `direct` is the server's default (calls straight to the worker holding
@@ -59,49 +62,22 @@ results=${OUT:-bench/results/$(date -u +%F)-citus.txt}
 mkdir -p "$(dirname "$results")"
 if [ -n "${APPEND:-}" ]; then exec > >(tee -a "$results"); else exec > >(tee "$results"); fi
 
-bin=/usr/lib/postgresql/15/bin
 programs=${BIN_DIR:-target/release}
-ports=(5500 5501 5502)
-root=$(mktemp -d /tmp/citus-figures.XXXXXX)
-chmod 0777 "$root"
-as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u nobody -- "$@"; else "$@"; fi; }
-sql() { psql -h 127.0.0.1 -p "$1" -U postgres -d "$2" -v ON_ERROR_STOP=1 -qAt -c "$3"; }
+PLAIN_PORT=5503
+# shellcheck source=bench/citus/cluster.sh
+. bench/citus/cluster.sh
 
 server=
 stop_all() {
     [ -n "$server" ] && kill "$server" 2>/dev/null && wait "$server" 2>/dev/null || true
-    for port in "${ports[@]}" 5503; do
-        as_pg "$bin/pg_ctl" --pgdata "$root/node-$port" --mode=immediate stop >/dev/null 2>&1 || true
-    done
-    rm -rf "$root"
+    citus_cluster_stop
 }
 trap stop_all EXIT
-
-plain_port=5503
-for port in "${ports[@]}" "$plain_port"; do
-    data="$root/node-$port"
-    as_pg "$bin/initdb" --pgdata "$data" --username=postgres --auth=trust --locale=C >/dev/null
-    cat >> "$data/postgresql.conf" <<EOF
-port = $port
-listen_addresses = '127.0.0.1'
-unix_socket_directories = '$data'
-shared_preload_libraries = '$([ "$port" = "$plain_port" ] || echo citus)'
-max_prepared_transactions = 100
-max_connections = 200
-shared_buffers = 256MB
-citus.node_conninfo = 'sslmode=disable'
-EOF
-    as_pg "$bin/pg_ctl" --pgdata "$data" --log "$data/postgres.log" --wait start >/dev/null
-    sql "$port" postgres "CREATE DATABASE bench"
-    [ "$port" = "$plain_port" ] || sql "$port" bench "CREATE EXTENSION citus"
-done
-sql 5500 bench "SELECT citus_set_coordinator_host('127.0.0.1', 5500)" >/dev/null
-for port in 5501 5502; do
-    sql 5500 bench "SELECT citus_add_node('127.0.0.1', $port)" >/dev/null
-done
+citus_cluster_start
 url=postgres://postgres@127.0.0.1:5500/bench
 "$programs/idempotency-coordinator" migrate --database-url "$url" >/dev/null 2>&1
 "$programs/idempotency-coordinator" migrate --database-url "postgres://postgres@127.0.0.1:$plain_port/bench" >/dev/null 2>&1
+[ -z "${EXTRA_SQL:-}" ] || psql -h 127.0.0.1 -p 5500 -U postgres -d bench -v ON_ERROR_STOP=1 -q -f "$EXTRA_SQL"
 
 # CPU ticks of one node: its postmaster, its live processes, and the ones
 # that exited (added to the postmaster's children's times when reaped).
