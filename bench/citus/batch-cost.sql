@@ -3,14 +3,13 @@
 -- without the server, the network, the other node or the run's drift.
 -- Loaded by bench/citus/batch-cost.sh.
 
--- p_n keys whose shards this node holds, each p_prefix and a number.
+-- p_n keys whose shards this node holds, each p_prefix and a number: those
+-- the routed batch itself finds here (idempotency_local_shards).
 CREATE OR REPLACE FUNCTION batch_cost_keys(p_prefix text, p_n integer) RETURNS text[]
 LANGUAGE sql AS $$
-    SELECT (array_agg(k ORDER BY g))[1:p_n]
-      FROM (SELECT g, p_prefix || '-' || g AS k FROM generate_series(1, p_n * 4) g) c
-     WHERE get_shard_id_for_distribution_column('idempotency_keys', k) IN
-           (SELECT shardid FROM pg_dist_placement
-             WHERE groupid = (SELECT groupid FROM pg_dist_local_group))
+    SELECT (array_agg(u.k ORDER BY u.o) FILTER (WHERE u.s IS NOT NULL))[1:p_n]
+      FROM (SELECT ARRAY(SELECT p_prefix || '-' || g FROM generate_series(1, p_n * 4) g) AS keys) c,
+           unnest(c.keys, idempotency_local_shards(c.keys)) WITH ORDINALITY u(k, s, o)
 $$;
 
 -- The session's CPU time so far, user and system, in clock ticks (10 ms):

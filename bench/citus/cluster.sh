@@ -3,8 +3,8 @@
 # .ci/citus`, durable settings: fsync, synchronous_commit and
 # full_page_writes on), each with the database `bench`, in a scratch
 # directory; with PLAIN_PORT set, a plain PostgreSQL of the same settings
-# there too (its `bench` without Citus). `citus_cluster_stop` stops every node and removes the
-# directory.
+# there too (its `bench` without Citus). `citus_cluster_stop` stops every
+# node and removes the directory.
 bin=/usr/lib/postgresql/15/bin
 ports=(5500 5501 5502)
 plain_port=${PLAIN_PORT:-}
